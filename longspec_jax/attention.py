@@ -1,0 +1,116 @@
+"""Attention dispatch: hybrid tree attention (cache half + speculative half merged by LSE) and references.
+
+Layouts: queries ``q_BxMxHxD``; the KV cache ``[B, S, K, D]`` (S slots, K kv heads) with a per-sequence
+valid length ``lengths_B``; new (speculative) keys ``[B, N, K, D]`` with a boolean ``mask_BxMxN`` saying which
+new keys each query may see. Query head ``h`` reads kv head ``h // (H // K)``. All LSEs are float32 natural
+logs of the sum of ``exp(scale * q.k)``; an empty key set gives output 0 and LSE ``-inf``.
+"""
+
+
+
+import jax
+import jax.numpy as jnp
+
+from pallas.reference import cache_attention_reference, default_scale, masked_attention_reference
+
+IMPLS = ("auto", "pallas", "xla", "naive")
+
+__all__ = ["cache_attention_reference", "masked_attention_reference", "cache_attention_blockwise",
+           "merge_attention", "naive_tree_attention", "hybrid_tree_attention", "resolve_impl"]
+
+
+def cache_attention_blockwise(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, scale=None,
+                              block_size: int = 512):
+    """Same function as :func:`cache_attention_reference`, with memory bounded by ``block_size`` keys.
+
+    Online softmax over key blocks; only the blocks below ``max(lengths)`` are visited.
+    """
+    B, M, H, D = q_BxMxHxD.shape
+    S, K = k_cache_BxSxKxD.shape[1], k_cache_BxSxKxD.shape[2]
+    block = min(block_size, S)
+    if S % block:
+        raise ValueError(f"cache capacity {S} must be a multiple of the key block {block}")
+    scale = default_scale(D) if scale is None else scale
+    q = q_BxMxHxD.reshape(B, M, K, H // K, D)
+
+    def body(i, carry):
+        m_run, l_run, acc = carry
+        start = i * block
+        k = jax.lax.dynamic_slice_in_dim(k_cache_BxSxKxD, start, block, axis=1)
+        v = jax.lax.dynamic_slice_in_dim(v_cache_BxSxKxD, start, block, axis=1)
+        s = jnp.einsum("bmkgd,bnkd->bkgmn", q, k, preferred_element_type=jnp.float32) * scale
+        valid = (start + jnp.arange(block))[None, :] < lengths_B[:, None]
+        s = jnp.where(valid[:, None, None, None, :], s, -jnp.inf)
+        m_new = jnp.maximum(m_run, jnp.max(s, axis=-1))
+        m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+        p = jnp.exp(s - m_safe[..., None])
+        correction = jnp.exp(jnp.where(jnp.isfinite(m_run), m_run - m_safe, -jnp.inf))
+        l_new = l_run * correction + jnp.sum(p, axis=-1)
+        pv = jnp.einsum("bkgmn,bnkd->bkgmd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        return m_new, l_new, acc * correction[..., None] + pv
+
+    G = H // K
+    init = (jnp.full((B, K, G, M), -jnp.inf, jnp.float32), jnp.zeros((B, K, G, M), jnp.float32),
+            jnp.zeros((B, K, G, M, D), jnp.float32))
+    num_blocks = (jnp.max(lengths_B) + block - 1) // block
+    m_run, l_run, acc = jax.lax.fori_loop(0, num_blocks, body, init)
+    o = acc / jnp.where(l_run > 0, l_run, 1.0)[..., None]
+    lse = jnp.where(l_run > 0, jnp.log(jnp.where(l_run > 0, l_run, 1.0)) + m_run, -jnp.inf)
+    o_BxMxHxD = jnp.transpose(o, (0, 3, 1, 2, 4)).reshape(B, M, H, D)
+    lse_BxMxH = jnp.transpose(lse, (0, 3, 1, 2)).reshape(B, M, H)
+    return o_BxMxHxD.astype(q_BxMxHxD.dtype), lse_BxMxH
+
+
+def merge_attention(o_a, lse_a, o_b, lse_b):
+    """Exact softmax over the union of two disjoint key sets from their partial results (float32)."""
+    m = jnp.maximum(lse_a, lse_b)
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    w_a = jnp.exp(lse_a - m_safe)
+    w_b = jnp.exp(lse_b - m_safe)
+    denom = w_a + w_b
+    safe_denom = jnp.where(denom > 0, denom, 1.0)
+    o = (w_a[..., None] * o_a.astype(jnp.float32) + w_b[..., None] * o_b.astype(jnp.float32))
+    o = o / safe_denom[..., None]
+    lse = jnp.where(denom > 0, m_safe + jnp.log(safe_denom), -jnp.inf)
+    return o.astype(o_a.dtype), lse
+
+
+def resolve_impl(impl: str) -> str:
+    """``auto`` picks the Pallas kernels on GPU and the XLA (jnp) path elsewhere."""
+    if impl not in IMPLS:
+        raise ValueError(f"unknown attention impl {impl!r}; choose one of {', '.join(IMPLS)}")
+    if impl == "auto":
+        return "pallas" if jax.default_backend() == "gpu" else "xla"
+    return impl
+
+
+def naive_tree_attention(q, k_cache, v_cache, cache_len, k_new, v_new, mask, scale=None):
+    """One masked softmax over ``[cache slots | new keys]``: the reference for the hybrid version."""
+    S = k_cache.shape[1]
+    B, M = q.shape[:2]
+    valid = jnp.arange(S)[None, :] < cache_len[:, None]
+    full_mask = jnp.concatenate([jnp.broadcast_to(valid[:, None, :], (B, M, S)), mask], axis=-1)
+    k = jnp.concatenate([k_cache, k_new.astype(k_cache.dtype)], axis=1)
+    v = jnp.concatenate([v_cache, v_new.astype(v_cache.dtype)], axis=1)
+    return masked_attention_reference(q, k, v, full_mask, scale)
+
+
+def hybrid_tree_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B, k_new_BxNxKxD,
+                          v_new_BxNxKxD, mask_BxMxN, *, scale=None, impl: str = "auto"):
+    """Attention of M new queries over the committed cache prefix plus the new keys under ``mask``.
+
+    cache half (``[0, cache_len)``) + speculative half (new keys, masked), merged by float32 LSE.
+    Returns ``(o_BxMxHxD, lse_BxMxH)``.
+    """
+    impl = resolve_impl(impl)
+    if impl == "naive":
+        return naive_tree_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B,
+                                    k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, scale)
+    if impl == "pallas":
+        from pallas import cache_attention, tree_attention
+        cache_half, new_half = cache_attention, tree_attention
+    else:
+        cache_half, new_half = cache_attention_blockwise, masked_attention_reference
+    o_cache, lse_cache = cache_half(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B, scale=scale)
+    o_new, lse_new = new_half(q_BxMxHxD, k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, scale=scale)
+    return merge_attention(o_cache, lse_cache, o_new, lse_new)
