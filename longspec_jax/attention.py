@@ -6,7 +6,7 @@ new keys each query may see. Query head ``h`` reads kv head ``h // (H // K)``. A
 logs of the sum of ``exp(scale * q.k)``; an empty key set gives output 0 and LSE ``-inf``.
 """
 
-
+from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
