@@ -1,0 +1,9 @@
+"""longspec-jax: LongSpec long-context lossless speculative decoding in JAX/Flax."""
+
+from longspec_jax.checkpoint import load_target
+from longspec_jax.config import RopeConfig, TargetConfig
+from longspec_jax.errors import ConfigError, LongSpecError, WeightsError
+from longspec_jax.target import Target
+
+__all__ = ["load_target", "Target", "TargetConfig", "RopeConfig", "LongSpecError", "ConfigError",
+           "WeightsError"]

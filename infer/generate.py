@@ -1,0 +1,133 @@
+"""The public ``generate()``: input checks, shape bucketing, and one jit-compiled call per shape bucket."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from infer.vanilla import DecodeSettings, vanilla_generate
+from longspec_jax.attention import resolve_impl
+from longspec_jax.sampling import SamplingConfig
+from longspec_jax.target import Target
+
+DEFAULT_PREFILL_CHUNK = 512
+CAPACITY_ALIGN = 512
+
+
+@dataclasses.dataclass
+class GenerateOutput:
+    tokens: np.ndarray         # int32 [B, max_new_tokens]; -1 after a sequence's end
+    num_generated: np.ndarray  # int32 [B]
+    num_rounds: np.ndarray     # int32 [B]: target forward passes after prefill
+    mean_accepted: float       # tau = tokens generated / (rounds + 1), over the batch
+
+    def texts(self, tokenizer) -> list[str]:
+        return [tokenizer.decode(row[:n].tolist()) for row, n in zip(self.tokens, self.num_generated)]
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def normalize_prompts(input_ids, vocab_size: int) -> list[np.ndarray]:
+    """Accepts ``[B, T]`` arrays, a list of token lists (ragged), or one flat token list."""
+    if isinstance(input_ids, (np.ndarray, jax.Array)):
+        array = np.asarray(input_ids)
+        if array.ndim == 1:
+            array = array[None]
+        if array.ndim != 2:
+            raise ValueError(f"input_ids must be [B, T], got shape {array.shape}")
+        rows = list(array)
+    elif isinstance(input_ids, Sequence) and input_ids and all(isinstance(t, (int, np.integer)) for t in input_ids):
+        rows = [np.asarray(input_ids)]
+    elif isinstance(input_ids, Sequence) and input_ids:
+        rows = [np.asarray(r) for r in input_ids]
+    else:
+        raise ValueError("input_ids must be a non-empty [B, T] int array or a non-empty list of token lists")
+    prompts = []
+    for b, row in enumerate(rows):
+        if row.ndim != 1 or row.size == 0:
+            raise ValueError(f"prompt {b} must be a non-empty 1-D list of token ids")
+        if not np.issubdtype(row.dtype, np.integer):
+            raise ValueError(f"prompt {b} has non-integer token ids (dtype {row.dtype})")
+        bad = row[(row < 0) | (row >= vocab_size)]
+        if bad.size:
+            raise ValueError(f"prompt {b} has token id {int(bad[0])} outside the vocabulary [0, {vocab_size})")
+        prompts.append(row.astype(np.int32))
+    return prompts
+
+
+def plan_shapes(max_prompt: int, max_new_tokens: int, slack: int, prefill_chunk: int) -> tuple[int, int, int, int]:
+    """Bucketed (padded prompt length, prefill chunk, output length, cache capacity)."""
+    if max_prompt <= prefill_chunk:
+        padded = max(16, _next_pow2(max_prompt))
+        chunk = padded
+    else:
+        padded, chunk = _round_up(max_prompt, prefill_chunk), prefill_chunk
+    out_len = max(16, _next_pow2(max_new_tokens))
+    capacity = _round_up(max(padded, max_prompt + out_len + slack), CAPACITY_ALIGN)
+    return padded, chunk, out_len, capacity
+
+
+@functools.partial(jax.jit, static_argnames=("settings",))
+def _vanilla_jit(params, tokens, lengths, max_new, key, settings):
+    return vanilla_generate(params, settings, tokens, lengths, max_new, key)
+
+
+def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, temperature: float = 0.0,
+             top_p: float = 1.0, tree_shape: tuple[int, ...] = (4, 16, 16, 16, 16), eos_token_id=None,
+             seed: int = 0, *, max_context: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+             attention: str = "auto") -> GenerateOutput:
+    """Generates up to ``max_new_tokens`` per prompt; speculative when a ``draft`` is given.
+
+    ``eos_token_id``: an id or list of ids; ``None`` uses the target's own (from its config), ``[]`` disables
+    stopping. ``max_context`` bounds prompt + new tokens (default: the target's max_position_embeddings).
+    """
+    config = target.config
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    sampling = SamplingConfig(temperature=float(temperature), top_p=float(top_p))
+    if prefill_chunk <= 0 or prefill_chunk & (prefill_chunk - 1):
+        raise ValueError(f"prefill_chunk must be a positive power of two, got {prefill_chunk}")
+    prompts = normalize_prompts(input_ids, config.vocab_size)
+    eos_ids = config.eos_token_ids if eos_token_id is None else tuple(np.atleast_1d(eos_token_id).astype(int))
+    max_context = config.max_position_embeddings if max_context is None else max_context
+    longest = max(len(p) for p in prompts)
+    if longest + max_new_tokens > max_context:
+        raise ValueError(f"prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds the context "
+                         f"capacity of {max_context} tokens")
+    if draft is not None:
+        from infer.speculative import speculative_generate_call
+        return speculative_generate_call(target, draft, prompts, max_new_tokens, sampling, tree_shape, eos_ids,
+                                         seed, prefill_chunk, resolve_impl(attention))
+    padded, chunk, out_len, capacity = plan_shapes(longest, max_new_tokens, 1, prefill_chunk)
+    settings = DecodeSettings(config=config, sampling=sampling, capacity=capacity, prefill_chunk=chunk,
+                              out_len=out_len, eos_ids=eos_ids, impl=resolve_impl(attention))
+    tokens, lengths = pad_prompts(prompts, padded)
+    progress = _vanilla_jit(target.params, tokens, lengths, jnp.int32(max_new_tokens),
+                            jax.random.PRNGKey(seed), settings=settings)
+    return to_output(progress, max_new_tokens)
+
+
+def pad_prompts(prompts: list[np.ndarray], padded: int) -> tuple[jax.Array, jax.Array]:
+    tokens = np.zeros((len(prompts), padded), np.int32)
+    for b, p in enumerate(prompts):
+        tokens[b, :len(p)] = p
+    return jnp.asarray(tokens), jnp.asarray([len(p) for p in prompts], jnp.int32)
+
+
+def to_output(progress, max_new_tokens: int) -> GenerateOutput:
+    tokens = np.asarray(progress.tokens)[:, :max_new_tokens]
+    num_generated = np.asarray(progress.num_generated)
+    num_rounds = np.asarray(progress.num_rounds)
+    return GenerateOutput(tokens=tokens, num_generated=num_generated, num_rounds=num_rounds,
+                          mean_accepted=float(num_generated.sum() / (num_rounds + 1).sum()))

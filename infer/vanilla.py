@@ -1,0 +1,110 @@
+"""Plain autoregressive decoding: prefill, then one target forward per token inside one ``lax.while_loop``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from longspec_jax.config import TargetConfig
+from longspec_jax.kv_cache import KVCache, init_cache
+from longspec_jax.sampling import SamplingConfig, select_tokens
+from longspec_jax.target import forward, lm_head_logits, prefill
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSettings:
+    """Everything static about one compiled generate call (a jit cache key)."""
+
+    config: TargetConfig
+    sampling: SamplingConfig
+    capacity: int          # KV cache slots per sequence
+    prefill_chunk: int
+    out_len: int           # output buffer length (>= max_new_tokens, bucketed)
+    eos_ids: tuple[int, ...]
+    impl: str = "auto"
+
+
+@struct.dataclass
+class Progress:
+    """Per-sequence output buffer and counters carried through the decode loop."""
+
+    tokens: jax.Array         # [B, out_len] int32, -1 where nothing was emitted
+    num_generated: jax.Array  # [B] int32
+    num_rounds: jax.Array     # [B] int32: target forward passes after prefill
+    done: jax.Array           # [B] bool
+
+    @classmethod
+    def start(cls, first_B: jax.Array, settings: DecodeSettings, max_new: jax.Array) -> "Progress":
+        B = first_B.shape[0]
+        tokens = jnp.full((B, settings.out_len), -1, jnp.int32).at[:, 0].set(first_B)
+        ones = jnp.ones((B,), jnp.int32)
+        done = is_eos(first_B, settings.eos_ids) | (max_new <= 1)
+        return cls(tokens=tokens, num_generated=ones, num_rounds=jnp.zeros((B,), jnp.int32), done=done)
+
+    def emit(self, new_BxA: jax.Array, count_B: jax.Array, settings: DecodeSettings,
+             max_new: jax.Array) -> "Progress":
+        """Appends the first ``count[b]`` of ``new[b]`` to unfinished rows, stopping at EOS / ``max_new``."""
+        B, A = new_BxA.shape
+        active = ~self.done
+        offsets = jnp.arange(A)[None, :]
+        eos_BxA = is_eos(new_BxA, settings.eos_ids) & (offsets < count_B[:, None])
+        first_eos = jnp.where(jnp.any(eos_BxA, axis=1), jnp.argmax(eos_BxA, axis=1) + 1, A + 1)
+        room = max_new - self.num_generated
+        take = jnp.where(active, jnp.minimum(jnp.minimum(count_B, first_eos), room), 0)
+        index = self.num_generated[:, None] + offsets
+        keep = offsets < take[:, None]
+        rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, A))
+        tokens = self.tokens.at[rows, jnp.where(keep, index, settings.out_len)].set(new_BxA, mode="drop")
+        num_generated = self.num_generated + take
+        done = self.done | (active & ((first_eos <= take) | (num_generated >= max_new)))
+        return Progress(tokens=tokens, num_generated=num_generated,
+                        num_rounds=self.num_rounds + active.astype(jnp.int32), done=done)
+
+
+def is_eos(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
+    if not eos_ids:
+        return jnp.zeros(tokens.shape, bool)
+    return jnp.isin(tokens, jnp.asarray(eos_ids, jnp.int32))
+
+
+def prefill_and_first_token(params, settings: DecodeSettings, tokens_BxT, prompt_lengths_B, key):
+    """Allocates the cache inside the jit (so it is updated in place), prefills, picks the first token."""
+    config = settings.config
+    B = tokens_BxT.shape[0]
+    cache = init_cache(config.num_layers, B, settings.capacity, config.num_kv_heads, config.head_dim,
+                       params["embed"].dtype)
+    logits, cache = prefill(params, config, tokens_BxT, prompt_lengths_B, cache,
+                            chunk=settings.prefill_chunk, impl=settings.impl)
+    key, sub = jax.random.split(key)
+    return select_tokens(logits, sub, settings.sampling), cache, key
+
+
+def decode_step(params, settings: DecodeSettings, cache: KVCache, last_B: jax.Array, key: jax.Array):
+    """One target forward on each sequence's last token; returns the next token and the cache (not committed)."""
+    B = last_B.shape[0]
+    hidden, cache = forward(params, settings.config, last_B[:, None], cache.lengths[:, None], cache,
+                            jnp.ones((B, 1, 1), bool), impl=settings.impl)
+    return select_tokens(lm_head_logits(params, hidden)[:, 0], key, settings.sampling), cache
+
+
+def vanilla_generate(params, settings: DecodeSettings, tokens_BxT, prompt_lengths_B, max_new, key) -> Progress:
+    first, cache, key = prefill_and_first_token(params, settings, tokens_BxT, prompt_lengths_B, key)
+    progress = Progress.start(first, settings, max_new)
+
+    def cond(carry):
+        return ~jnp.all(carry[0].done)
+
+    def body(carry):
+        progress, cache, last, key = carry
+        key, sub = jax.random.split(key)
+        token, cache = decode_step(params, settings, cache, last, sub)
+        active = ~progress.done
+        cache = cache.replace(lengths=cache.lengths + active.astype(jnp.int32))
+        progress = progress.emit(token[:, None], jnp.ones_like(token), settings, max_new)
+        return progress, cache, jnp.where(active, token, last), key
+
+    progress, *_ = jax.lax.while_loop(cond, body, (progress, cache, first, key))
+    return progress

@@ -1,0 +1,46 @@
+"""Fixed-capacity KV cache pytree for the target: one K and one V array per layer, per-sequence lengths."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class KVCache:
+    """``k[l], v[l]: [B, S, K, D]`` for layer l; ``lengths: [B]`` committed slots per sequence.
+
+    Slots ``[0, lengths[b])`` hold committed tokens at positions equal to their slot index. Slots beyond may hold
+    uncommitted (speculative or padding) entries; attention never reads them as cache.
+    """
+
+    k: tuple
+    v: tuple
+    lengths: jax.Array
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[1]
+
+    @property
+    def batch_size(self) -> int:
+        return self.k[0].shape[0]
+
+    def nbytes(self) -> int:
+        return sum(x.size * x.dtype.itemsize for x in (*self.k, *self.v))
+
+
+def init_cache(num_layers: int, batch: int, capacity: int, num_kv_heads: int, head_dim: int,
+               dtype=jnp.bfloat16) -> KVCache:
+    shape = (batch, capacity, num_kv_heads, head_dim)
+    return KVCache(k=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+                   v=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+                   lengths=jnp.zeros((batch,), jnp.int32))
+
+
+def write_rows(buffer_BxSxKxD: jax.Array, new_BxTxKxD: jax.Array, start_B: jax.Array) -> jax.Array:
+    """Writes ``new[b]`` into slots ``[start[b], start[b] + T)`` of ``buffer[b]`` (in place under donation)."""
+    def write_one(buf, new, start):
+        return jax.lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), start, axis=0)
+    return jax.vmap(write_one)(buffer_BxSxKxD, new_BxTxKxD, start_B)

@@ -1,0 +1,161 @@
+"""Llama / Qwen2 target model as pure functions over a parameter pytree.
+
+Parameters (kernels ``[in, out]``; q/k/v and gate/up fused for fewer, larger GEMMs)::
+
+    embed [V, d]; final_norm [d]; lm_head [d, V] (absent when embeddings are tied)
+    layers: list of {attn_norm [d], wqkv [d, (H+2K)*Dh], bqkv?, wo [H*Dh, d], bo?,
+                     mlp_norm [d], w_gate_up [d, 2I], b_gate_up?, w_down [I, d], b_down?}
+
+Layers are unrolled (one weight array per layer) and each layer's KV cache is updated in place: routing the
+cache through ``lax.scan`` outputs rewrites the whole cache every token (architecture.md section 8).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from longspec_jax.attention import hybrid_tree_attention
+from longspec_jax.config import TargetConfig
+from longspec_jax.kv_cache import KVCache, write_rows
+from longspec_jax.layers import linear, rms_norm
+from longspec_jax.rope import apply_rope, inverse_frequencies, rope_tables
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A loaded target model: static config, parameter pytree, and optionally its tokenizer."""
+
+    config: TargetConfig
+    params: dict
+    tokenizer: Any = None
+
+    @property
+    def dtype(self):
+        return self.params["embed"].dtype
+
+
+def init_target_params(config: TargetConfig, key: jax.Array, dtype=jnp.float32, std: float = 0.02) -> dict:
+    """Random parameters (normal(0, std) kernels, unit norms, small random biases) for tests and benchmarks."""
+    d, hd = config.hidden_size, config.head_dim
+    qkv_out = (config.num_heads + 2 * config.num_kv_heads) * hd
+
+    def normal(k, shape):
+        return (std * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
+
+    keys = jax.random.split(key, config.num_layers + 2)
+    layers = []
+    for lk in keys[:config.num_layers]:
+        k = jax.random.split(lk, 8)
+        layer = {
+            "attn_norm": jnp.ones((d,), dtype) + normal(k[6], (d,)),
+            "wqkv": normal(k[0], (d, qkv_out)),
+            "wo": normal(k[1], (config.num_heads * hd, d)),
+            "mlp_norm": jnp.ones((d,), dtype) + normal(k[7], (d,)),
+            "w_gate_up": normal(k[2], (d, 2 * config.intermediate_size)),
+            "w_down": normal(k[3], (config.intermediate_size, d)),
+        }
+        if config.qkv_bias:
+            layer["bqkv"] = normal(k[4], (qkv_out,))
+        if config.o_bias:
+            layer["bo"] = normal(k[5], (d,))
+        if config.mlp_bias:
+            layer["b_gate_up"] = normal(k[4], (2 * config.intermediate_size,))
+            layer["b_down"] = normal(k[5], (d,))
+        layers.append(layer)
+    params = {
+        "embed": normal(keys[-2], (config.vocab_size, d)),
+        "layers": layers,
+        "final_norm": jnp.ones((d,), dtype),
+    }
+    if not config.tie_word_embeddings:
+        params["lm_head"] = normal(keys[-1], (d, config.vocab_size))
+    return params
+
+
+def embed_tokens(params: dict, tokens_BxT: jax.Array) -> jax.Array:
+    return jnp.take(params["embed"], tokens_BxT, axis=0)
+
+
+def lm_head_logits(params: dict, hidden_BxTxD: jax.Array) -> jax.Array:
+    """Float32 logits from final-normed hidden states (tied embeddings when there is no lm_head)."""
+    kernel = params["lm_head"] if "lm_head" in params else params["embed"].T
+    return jnp.dot(hidden_BxTxD, kernel, preferred_element_type=jnp.float32)
+
+
+def _attention_block(layer: dict, config: TargetConfig, x, cos, sin, k_cache, v_cache, lengths, new_mask,
+                     impl: str):
+    B, T, _ = x.shape
+    H, K, hd = config.num_heads, config.num_kv_heads, config.head_dim
+    qkv = linear(x, layer["wqkv"], layer.get("bqkv"))
+    q = qkv[..., :H * hd].reshape(B, T, H, hd)
+    k = qkv[..., H * hd:(H + K) * hd].reshape(B, T, K, hd)
+    v = qkv[..., (H + K) * hd:].reshape(B, T, K, hd)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    o, _ = hybrid_tree_attention(q, k_cache, v_cache, lengths, k, v, new_mask, impl=impl)
+    out = linear(o.reshape(B, T, H * hd), layer["wo"], layer.get("bo"))
+    return out, write_rows(k_cache, k, lengths), write_rows(v_cache, v, lengths)
+
+
+def _mlp_block(layer: dict, config: TargetConfig, x):
+    gate_up = linear(x, layer["w_gate_up"], layer.get("b_gate_up"))
+    gate, up = gate_up[..., :config.intermediate_size], gate_up[..., config.intermediate_size:]
+    return linear(jax.nn.silu(gate) * up, layer["w_down"], layer.get("b_down"))
+
+
+def forward(params: dict, config: TargetConfig, tokens_BxT: jax.Array, positions_BxT: jax.Array,
+            cache: KVCache, new_mask_BxTxT: jax.Array, *, impl: str = "auto") -> tuple[jax.Array, KVCache]:
+    """Runs T new tokens through every layer.
+
+    Token t of row b attends to the committed cache slots ``[0, cache.lengths[b])`` and to the new tokens its
+    row of ``new_mask`` allows. Its K/V are written at slot ``cache.lengths[b] + t`` in every layer; the
+    lengths are not advanced (the caller commits). Returns the final-normed hidden states ``[B, T, d]``.
+    """
+    cos, sin = rope_tables(positions_BxT, inverse_frequencies(config.rope, config.head_dim))
+    x = embed_tokens(params, tokens_BxT)
+    new_k, new_v = [], []
+    for i, layer in enumerate(params["layers"]):
+        h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
+        attn, k_i, v_i = _attention_block(layer, config, h, cos, sin, cache.k[i], cache.v[i], cache.lengths,
+                                          new_mask_BxTxT, impl)
+        x = x + attn
+        x = x + _mlp_block(layer, config, rms_norm(x, layer["mlp_norm"], config.rms_norm_eps))
+        new_k.append(k_i)
+        new_v.append(v_i)
+    hidden = rms_norm(x, params["final_norm"], config.rms_norm_eps)
+    return hidden, cache.replace(k=tuple(new_k), v=tuple(new_v))
+
+
+def prefill(params: dict, config: TargetConfig, tokens_BxT: jax.Array, prompt_lengths_B: jax.Array,
+            cache: KVCache, *, chunk: int, impl: str = "auto") -> tuple[jax.Array, KVCache]:
+    """Chunked causal prefill of right-padded prompts (T a multiple of ``chunk``); bounded attention memory.
+
+    Returns the float32 logits after each prompt's last token ``[B, V]`` and the cache with
+    ``lengths = prompt_lengths``.
+    """
+    B, T = tokens_BxT.shape
+    if T % chunk:
+        raise ValueError(f"padded prompt length {T} must be a multiple of the prefill chunk {chunk}")
+    causal = jnp.tril(jnp.ones((chunk, chunk), bool))
+    mask = jnp.broadcast_to(causal, (B, chunk, chunk))
+    last_index_B = prompt_lengths_B - 1
+
+    def body(c, carry):
+        cache, last_hidden = carry
+        start = c * chunk
+        tokens = jax.lax.dynamic_slice_in_dim(tokens_BxT, start, chunk, axis=1)
+        positions = jnp.broadcast_to(start + jnp.arange(chunk, dtype=jnp.int32), (B, chunk))
+        cache = cache.replace(lengths=jnp.full((B,), start, jnp.int32))
+        hidden, cache = forward(params, config, tokens, positions, cache, mask, impl=impl)
+        local = jnp.clip(last_index_B - start, 0, chunk - 1)
+        picked = jnp.take_along_axis(hidden, local[:, None, None], axis=1)[:, 0]
+        in_chunk = (last_index_B >= start) & (last_index_B < start + chunk)
+        return cache, jnp.where(in_chunk[:, None], picked, last_hidden)
+
+    init_hidden = jnp.zeros((B, config.hidden_size), params["embed"].dtype)
+    cache, last_hidden = jax.lax.fori_loop(0, T // chunk, body, (cache, init_hidden))
+    logits = lm_head_logits(params, last_hidden[:, None])[:, 0]
+    return logits, cache.replace(lengths=prompt_lengths_B.astype(jnp.int32))

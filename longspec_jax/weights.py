@@ -1,0 +1,161 @@
+"""Name mapping between PyTorch state dicts (HF / LongSpec naming) and our parameter pytrees.
+
+One declarative table per model (a list of :class:`TensorSpec`) drives both directions, with the same key and
+shape checks for targets and drafts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Protocol
+
+import jax.numpy as jnp
+import numpy as np
+
+from longspec_jax.config import TargetConfig
+from longspec_jax.errors import WeightsError
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """A checkpoint tensor ``name`` of PyTorch ``shape``, stored at ``path`` in the pytree (transposed for
+    ``nn.Linear`` weights, which PyTorch keeps as ``[out, in]`` and we keep as ``[in, out]``)."""
+
+    name: str
+    path: tuple
+    shape: tuple[int, ...]
+    transpose: bool = False
+
+
+class TensorSource(Protocol):
+    def keys(self) -> list[str]: ...
+
+    def shape(self, name: str) -> tuple[int, ...]: ...
+
+    def get(self, name: str) -> np.ndarray: ...
+
+
+class DictSource:
+    """A :class:`TensorSource` over an in-memory ``{name: array}`` dict (e.g. a loaded ``.pth`` state dict)."""
+
+    def __init__(self, tensors: dict[str, np.ndarray]):
+        self._tensors = tensors
+
+    def keys(self) -> list[str]:
+        return list(self._tensors)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._tensors[name].shape)
+
+    def get(self, name: str) -> np.ndarray:
+        return self._tensors[name]
+
+
+def _set_path(tree: dict, path: tuple, value) -> None:
+    node = tree
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+
+
+def _get_path(tree, path: tuple):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def check_keys(source: TensorSource, specs: list[TensorSpec], where: str, ignore: Iterable[str] = (),
+               expected_from: str = "") -> None:
+    """Raises a :class:`WeightsError` naming every missing, unexpected or mis-shaped tensor."""
+    have = set(source.keys())
+    want = {s.name for s in specs}
+    ignore = tuple(ignore)
+    problems = []
+    missing = sorted(want - have)
+    if missing:
+        problems.append("missing tensor(s): " + ", ".join(missing))
+    extra = sorted(n for n in have - want if not any(pattern in n for pattern in ignore))
+    if extra:
+        problems.append("unexpected tensor(s): " + ", ".join(extra[:20]) + (" ..." if len(extra) > 20 else ""))
+    for spec in specs:
+        if spec.name in have and tuple(source.shape(spec.name)) != tuple(spec.shape):
+            problems.append(f"tensor {spec.name} has shape {tuple(source.shape(spec.name))}, expected "
+                            f"{tuple(spec.shape)}{expected_from}")
+    if problems:
+        raise WeightsError(f"{where}: " + "; ".join(problems))
+
+
+def read_tensors(source: TensorSource, specs: list[TensorSpec], dtype, where: str,
+                 ignore: Iterable[str] = (), expected_from: str = "") -> dict:
+    """Checks the source against ``specs`` and builds the pytree (device arrays of ``dtype``)."""
+    check_keys(source, specs, where, ignore, expected_from)
+    tree: dict = {}
+    for spec in specs:
+        array = jnp.asarray(source.get(spec.name)).astype(dtype)
+        _set_path(tree, spec.path, array.T if spec.transpose else array)
+    return tree
+
+
+def write_tensors(tree: dict, specs: list[TensorSpec], dtype) -> dict[str, np.ndarray]:
+    """The inverse of :func:`read_tensors`: ``{name: numpy array of dtype}`` in PyTorch layout."""
+    out = {}
+    for spec in specs:
+        array = np.asarray(_get_path(tree, spec.path)).astype(dtype)
+        out[spec.name] = np.ascontiguousarray(array.T if spec.transpose else array)
+        if out[spec.name].shape != tuple(spec.shape):
+            raise WeightsError(f"parameter {'/'.join(map(str, spec.path))} has shape {out[spec.name].shape} "
+                               f"in PyTorch layout, expected {tuple(spec.shape)}")
+    return out
+
+
+def linear_specs(prefix: str, path: tuple, in_features: int, out_features: int, bias: bool) -> list[TensorSpec]:
+    """Specs of one ``nn.Linear``: ``{prefix}.weight`` (and ``.bias``) at ``path + ('kernel'|'bias',)``."""
+    specs = [TensorSpec(f"{prefix}.weight", path + ("kernel",), (out_features, in_features), transpose=True)]
+    if bias:
+        specs.append(TensorSpec(f"{prefix}.bias", path + ("bias",), (out_features,)))
+    return specs
+
+
+def target_tensor_specs(config: TargetConfig) -> list[TensorSpec]:
+    """HF Llama/Qwen2 checkpoint layout, mapped to an unfused pytree (see :func:`fuse_target_params`)."""
+    d, hd, inter = config.hidden_size, config.head_dim, config.intermediate_size
+    H, K = config.num_heads, config.num_kv_heads
+    specs = [TensorSpec("model.embed_tokens.weight", ("embed",), (config.vocab_size, d)),
+             TensorSpec("model.norm.weight", ("final_norm",), (d,))]
+    if not config.tie_word_embeddings:
+        specs += linear_specs("lm_head", ("lm_head",), d, config.vocab_size, False)
+    for i in range(config.num_layers):
+        p, path = f"model.layers.{i}", ("layers", i)
+        specs += [TensorSpec(f"{p}.input_layernorm.weight", path + ("attn_norm",), (d,)),
+                  TensorSpec(f"{p}.post_attention_layernorm.weight", path + ("mlp_norm",), (d,))]
+        specs += linear_specs(f"{p}.self_attn.q_proj", path + ("q",), d, H * hd, config.qkv_bias)
+        specs += linear_specs(f"{p}.self_attn.k_proj", path + ("k",), d, K * hd, config.qkv_bias)
+        specs += linear_specs(f"{p}.self_attn.v_proj", path + ("v",), d, K * hd, config.qkv_bias)
+        specs += linear_specs(f"{p}.self_attn.o_proj", path + ("o",), H * hd, d, config.o_bias)
+        for proj, (fan_in, fan_out) in (("gate", (d, inter)), ("up", (d, inter)), ("down", (inter, d))):
+            specs += linear_specs(f"{p}.mlp.{proj}_proj", path + (proj,), fan_in, fan_out, config.mlp_bias)
+    return specs
+
+
+def fuse_target_params(unfused: dict, config: TargetConfig) -> dict:
+    """Fuses q/k/v and gate/up kernels (and biases) into the layout :mod:`longspec_jax.target` uses."""
+    layers = []
+    for i in range(config.num_layers):
+        u = unfused["layers"][i]
+        layer = {"attn_norm": u["attn_norm"], "mlp_norm": u["mlp_norm"],
+                 "wqkv": jnp.concatenate([u["q"]["kernel"], u["k"]["kernel"], u["v"]["kernel"]], axis=1),
+                 "wo": u["o"]["kernel"],
+                 "w_gate_up": jnp.concatenate([u["gate"]["kernel"], u["up"]["kernel"]], axis=1),
+                 "w_down": u["down"]["kernel"]}
+        if config.qkv_bias:
+            layer["bqkv"] = jnp.concatenate([u["q"]["bias"], u["k"]["bias"], u["v"]["bias"]])
+        if config.o_bias:
+            layer["bo"] = u["o"]["bias"]
+        if config.mlp_bias:
+            layer["b_gate_up"] = jnp.concatenate([u["gate"]["bias"], u["up"]["bias"]])
+            layer["b_down"] = u["down"]["bias"]
+        layers.append(layer)
+    params = {"embed": unfused["embed"], "final_norm": unfused["final_norm"], "layers": layers}
+    if "lm_head" in unfused:
+        params["lm_head"] = unfused["lm_head"]["kernel"]
+    return params
