@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from infer.vanilla import DecodeSettings, vanilla_generate
+from infer.vanilla import DecodeSettings, StopCriteria, vanilla_generate
 from longspec_jax.attention import resolve_impl
 from longspec_jax.sampling import SamplingConfig
 from longspec_jax.target import Target
@@ -25,6 +25,7 @@ class GenerateOutput:
     num_generated: np.ndarray  # int32 [B]
     num_rounds: np.ndarray     # int32 [B]: target forward passes after prefill
     mean_accepted: float       # tau = tokens generated / (rounds + 1), over the batch
+    accept_counts: np.ndarray | None = None  # speculative: [B, depth + 1] rounds that emitted j + 1 tokens
 
     def texts(self, tokenizer) -> list[str]:
         return [tokenizer.decode(row[:n].tolist()) for row, n in zip(self.tokens, self.num_generated)]
@@ -79,8 +80,8 @@ def plan_shapes(max_prompt: int, max_new_tokens: int, slack: int, prefill_chunk:
 
 
 @functools.partial(jax.jit, static_argnames=("settings",))
-def _vanilla_jit(params, tokens, lengths, max_new, key, settings):
-    return vanilla_generate(params, settings, tokens, lengths, max_new, key)
+def _vanilla_jit(params, tokens, lengths, stop, key, settings):
+    return vanilla_generate(params, settings, tokens, lengths, stop, key)
 
 
 def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, temperature: float = 0.0,
@@ -100,6 +101,7 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
         raise ValueError(f"prefill_chunk must be a positive power of two, got {prefill_chunk}")
     prompts = normalize_prompts(input_ids, config.vocab_size)
     eos_ids = config.eos_token_ids if eos_token_id is None else tuple(np.atleast_1d(eos_token_id).astype(int))
+    stop = StopCriteria.make(max_new_tokens, eos_ids)
     max_context = config.max_position_embeddings if max_context is None else max_context
     longest = max(len(p) for p in prompts)
     if longest + max_new_tokens > max_context:
@@ -107,14 +109,13 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
                          f"capacity of {max_context} tokens")
     if draft is not None:
         from infer.speculative import speculative_generate_call
-        return speculative_generate_call(target, draft, prompts, max_new_tokens, sampling, tree_shape, eos_ids,
+        return speculative_generate_call(target, draft, prompts, max_new_tokens, stop, sampling, tree_shape,
                                          seed, prefill_chunk, resolve_impl(attention))
     padded, chunk, out_len, capacity = plan_shapes(longest, max_new_tokens, 1, prefill_chunk)
     settings = DecodeSettings(config=config, sampling=sampling, capacity=capacity, prefill_chunk=chunk,
-                              out_len=out_len, eos_ids=eos_ids, impl=resolve_impl(attention))
+                              out_len=out_len, impl=resolve_impl(attention))
     tokens, lengths = pad_prompts(prompts, padded)
-    progress = _vanilla_jit(target.params, tokens, lengths, jnp.int32(max_new_tokens),
-                            jax.random.PRNGKey(seed), settings=settings)
+    progress = _vanilla_jit(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings)
     return to_output(progress, max_new_tokens)
 
 

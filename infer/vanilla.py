@@ -23,8 +23,24 @@ class DecodeSettings:
     capacity: int          # KV cache slots per sequence
     prefill_chunk: int
     out_len: int           # output buffer length (>= max_new_tokens, bucketed)
-    eos_ids: tuple[int, ...]
     impl: str = "auto"
+
+
+@struct.dataclass
+class StopCriteria:
+    """Traced stopping rules, so changing them does not recompile."""
+
+    max_new: jax.Array   # int32 scalar: most tokens per sequence
+    eos_ids: jax.Array   # int32 [E]; -1 entries never match
+
+    @classmethod
+    def make(cls, max_new_tokens: int, eos_ids) -> "StopCriteria":
+        ids = list(eos_ids)
+        width = 1 << max(0, (max(1, len(ids)) - 1).bit_length())
+        return cls(max_new=jnp.int32(max_new_tokens), eos_ids=jnp.asarray(ids + [-1] * (width - len(ids)), jnp.int32))
+
+    def is_eos(self, tokens: jax.Array) -> jax.Array:
+        return jnp.any(tokens[..., None] == self.eos_ids, axis=-1)
 
 
 @struct.dataclass
@@ -37,37 +53,30 @@ class Progress:
     done: jax.Array           # [B] bool
 
     @classmethod
-    def start(cls, first_B: jax.Array, settings: DecodeSettings, max_new: jax.Array) -> "Progress":
+    def start(cls, first_B: jax.Array, out_len: int, stop: StopCriteria) -> "Progress":
         B = first_B.shape[0]
-        tokens = jnp.full((B, settings.out_len), -1, jnp.int32).at[:, 0].set(first_B)
+        tokens = jnp.full((B, out_len), -1, jnp.int32).at[:, 0].set(first_B)
         ones = jnp.ones((B,), jnp.int32)
-        done = is_eos(first_B, settings.eos_ids) | (max_new <= 1)
+        done = stop.is_eos(first_B) | (stop.max_new <= 1)
         return cls(tokens=tokens, num_generated=ones, num_rounds=jnp.zeros((B,), jnp.int32), done=done)
 
-    def emit(self, new_BxA: jax.Array, count_B: jax.Array, settings: DecodeSettings,
-             max_new: jax.Array) -> "Progress":
+    def emit(self, new_BxA: jax.Array, count_B: jax.Array, stop: StopCriteria) -> "Progress":
         """Appends the first ``count[b]`` of ``new[b]`` to unfinished rows, stopping at EOS / ``max_new``."""
         B, A = new_BxA.shape
         active = ~self.done
         offsets = jnp.arange(A)[None, :]
-        eos_BxA = is_eos(new_BxA, settings.eos_ids) & (offsets < count_B[:, None])
+        eos_BxA = stop.is_eos(new_BxA) & (offsets < count_B[:, None])
         first_eos = jnp.where(jnp.any(eos_BxA, axis=1), jnp.argmax(eos_BxA, axis=1) + 1, A + 1)
-        room = max_new - self.num_generated
+        room = stop.max_new - self.num_generated
         take = jnp.where(active, jnp.minimum(jnp.minimum(count_B, first_eos), room), 0)
         index = self.num_generated[:, None] + offsets
         keep = offsets < take[:, None]
         rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, A))
-        tokens = self.tokens.at[rows, jnp.where(keep, index, settings.out_len)].set(new_BxA, mode="drop")
+        tokens = self.tokens.at[rows, jnp.where(keep, index, self.tokens.shape[1])].set(new_BxA, mode="drop")
         num_generated = self.num_generated + take
-        done = self.done | (active & ((first_eos <= take) | (num_generated >= max_new)))
+        done = self.done | (active & ((first_eos <= take) | (num_generated >= stop.max_new)))
         return Progress(tokens=tokens, num_generated=num_generated,
                         num_rounds=self.num_rounds + active.astype(jnp.int32), done=done)
-
-
-def is_eos(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
-    if not eos_ids:
-        return jnp.zeros(tokens.shape, bool)
-    return jnp.isin(tokens, jnp.asarray(eos_ids, jnp.int32))
 
 
 def prefill_and_first_token(params, settings: DecodeSettings, tokens_BxT, prompt_lengths_B, key):
@@ -90,9 +99,10 @@ def decode_step(params, settings: DecodeSettings, cache: KVCache, last_B: jax.Ar
     return select_tokens(lm_head_logits(params, hidden)[:, 0], key, settings.sampling), cache
 
 
-def vanilla_generate(params, settings: DecodeSettings, tokens_BxT, prompt_lengths_B, max_new, key) -> Progress:
+def vanilla_generate(params, settings: DecodeSettings, tokens_BxT, prompt_lengths_B, stop: StopCriteria,
+                     key) -> Progress:
     first, cache, key = prefill_and_first_token(params, settings, tokens_BxT, prompt_lengths_B, key)
-    progress = Progress.start(first, settings, max_new)
+    progress = Progress.start(first, settings.out_len, stop)
 
     def cond(carry):
         return ~jnp.all(carry[0].done)
@@ -103,7 +113,7 @@ def vanilla_generate(params, settings: DecodeSettings, tokens_BxT, prompt_length
         token, cache = decode_step(params, settings, cache, last, sub)
         active = ~progress.done
         cache = cache.replace(lengths=cache.lengths + active.astype(jnp.int32))
-        progress = progress.emit(token[:, None], jnp.ones_like(token), settings, max_new)
+        progress = progress.emit(token[:, None], jnp.ones_like(token), stop)
         return progress, cache, jnp.where(active, token, last), key
 
     progress, *_ = jax.lax.while_loop(cond, body, (progress, cache, first, key))

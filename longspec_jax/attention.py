@@ -16,7 +16,8 @@ from pallas.reference import cache_attention_reference, default_scale, masked_at
 IMPLS = ("auto", "pallas", "xla", "naive")
 
 __all__ = ["cache_attention_reference", "masked_attention_reference", "cache_attention_blockwise",
-           "merge_attention", "naive_tree_attention", "hybrid_tree_attention", "resolve_impl"]
+           "merge_attention", "naive_tree_attention", "hybrid_tree_attention", "cache_attention",
+           "windowed_ring_attention", "resolve_impl"]
 
 
 def cache_attention_blockwise(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, scale=None,
@@ -95,6 +96,22 @@ def naive_tree_attention(q, k_cache, v_cache, cache_len, k_new, v_new, mask, sca
     return masked_attention_reference(q, k, v, full_mask, scale)
 
 
+def _kernels(impl: str):
+    """(cache half, speculative half) implementations for a resolved impl name."""
+    if impl == "pallas":
+        from pallas import cache_attention as pallas_cache, tree_attention as pallas_tree
+        return pallas_cache, pallas_tree
+    return cache_attention_blockwise, masked_attention_reference
+
+
+def cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, *, scale=None, impl: str = "auto"):
+    """Every query attends to cache slots ``[0, lengths[b])``. Returns ``(o, lse)``."""
+    impl = resolve_impl(impl)
+    if impl == "naive":
+        return cache_attention_reference(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, scale)
+    return _kernels(impl)[0](q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, scale=scale)
+
+
 def hybrid_tree_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B, k_new_BxNxKxD,
                           v_new_BxNxKxD, mask_BxMxN, *, scale=None, impl: str = "auto"):
     """Attention of M new queries over the committed cache prefix plus the new keys under ``mask``.
@@ -106,11 +123,24 @@ def hybrid_tree_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len
     if impl == "naive":
         return naive_tree_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B,
                                     k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, scale)
-    if impl == "pallas":
-        from pallas import cache_attention, tree_attention
-        cache_half, new_half = cache_attention, tree_attention
-    else:
-        cache_half, new_half = cache_attention_blockwise, masked_attention_reference
+    cache_half, new_half = _kernels(impl)
     o_cache, lse_cache = cache_half(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B, scale=scale)
     o_new, lse_new = new_half(q_BxMxHxD, k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, scale=scale)
     return merge_attention(o_cache, lse_cache, o_new, lse_new)
+
+
+def windowed_ring_attention(q_BxMxHxD, q_pos_BxM, ring_k_BxRxKxD, ring_v_BxRxKxD, ring_pos_BxR, window: int,
+                            k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, *, scale=None, impl: str = "auto"):
+    """Sliding-window attention for the draft: a query at position t sees the ring entries at positions
+    ``[t - window, t)`` plus the new keys its ``mask`` row allows (itself and its tree ancestors), merged by LSE.
+
+    The ring is at most a few hundred slots, so its half is a dense masked attention.
+    """
+    impl = resolve_impl(impl)
+    rp = ring_pos_BxR[:, None, :]
+    qp = q_pos_BxM[:, :, None]
+    ring_mask = (rp >= 0) & (rp >= qp - window) & (rp < qp)
+    o_ring, lse_ring = masked_attention_reference(q_BxMxHxD, ring_k_BxRxKxD, ring_v_BxRxKxD, ring_mask, scale)
+    new_half = masked_attention_reference if impl in ("naive", "xla") else _kernels(impl)[1]
+    o_new, lse_new = new_half(q_BxMxHxD, k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, scale=scale)
+    return merge_attention(o_ring, lse_ring, o_new, lse_new)

@@ -44,3 +44,36 @@ def write_rows(buffer_BxSxKxD: jax.Array, new_BxTxKxD: jax.Array, start_B: jax.A
     def write_one(buf, new, start):
         return jax.lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), start, axis=0)
     return jax.vmap(write_one)(buffer_BxSxKxD, new_BxTxKxD, start_B)
+
+
+@struct.dataclass
+class RingCache:
+    """The draft's self-attention cache: a fixed ring of slots holding the most recent committed positions.
+
+    ``k, v: [B, R, K, D]``; ``pos: [B, R]`` the position stored in each slot (-1 when empty). Position p lives in
+    slot ``p % R``. Memory is independent of the context length.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    pos: jax.Array
+
+    @classmethod
+    def empty(cls, batch: int, capacity: int, num_kv_heads: int, head_dim: int, dtype) -> "RingCache":
+        shape = (batch, capacity, num_kv_heads, head_dim)
+        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                   pos=jnp.full((batch, capacity), -1, jnp.int32))
+
+    def write(self, k_BxTxKxD: jax.Array, v_BxTxKxD: jax.Array, positions_BxT: jax.Array,
+              valid_BxT: jax.Array) -> "RingCache":
+        """Stores the valid entries at their positions' slots (positions of one row must be distinct mod R)."""
+        B, T = positions_BxT.shape
+        R = self.pos.shape[1]
+        slots = jnp.where(valid_BxT, positions_BxT % R, R)  # R is out of range: dropped
+        rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
+        return RingCache(k=self.k.at[rows, slots].set(k_BxTxKxD.astype(self.k.dtype), mode="drop"),
+                         v=self.v.at[rows, slots].set(v_BxTxKxD.astype(self.v.dtype), mode="drop"),
+                         pos=self.pos.at[rows, slots].set(positions_BxT, mode="drop"))
+
+    def nbytes(self) -> int:
+        return sum(x.size * x.dtype.itemsize for x in (self.k, self.v, self.pos))

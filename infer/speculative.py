@@ -1,0 +1,243 @@
+"""LongSpec tree speculative decoding: prefill, then rounds of (draft step 0, beam-search tree, verify with
+hybrid tree attention, accept, commit) inside one ``lax.while_loop`` (architecture.md section 3).
+
+Bookkeeping per sequence (all positions equal cache slots):
+  * ``cache.lengths`` = tokens committed in every target layer; the root (last emitted token) sits at that
+    position and is not in the target cache yet.
+  * ``pending`` = the tokens emitted last round (the root last), not yet in the draft's ring cache; they
+    occupy positions ``lengths - num_pending + 1 ... lengths``.
+  * The draft's ring cache holds self-attention K/V of the committed positions before them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from infer.vanilla import DecodeSettings, Progress, StopCriteria, prefill_and_first_token
+from longspec_jax.attention import cache_attention, windowed_ring_attention
+from longspec_jax.draft import Draft, DraftConfig, DraftLayer
+from longspec_jax.kv_cache import KVCache, RingCache, write_rows
+from longspec_jax.sampling import select_tokens
+from longspec_jax.target import embed_tokens, forward, lm_head_logits
+from longspec_jax.tree import TreeSpec, accept, add_level_to_mask, expand_level
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecSettings:
+    base: DecodeSettings
+    tree: TreeSpec
+    draft_config: DraftConfig
+    draft_dtype: type
+    logits_hook: Callable | None = None
+
+    @property
+    def module(self) -> DraftLayer:
+        return DraftLayer(self.draft_config, self.draft_dtype)
+
+
+@struct.dataclass
+class SpecState:
+    cache: KVCache
+    ring: RingCache
+    pending: jax.Array       # [B, A] int32
+    num_pending: jax.Array   # [B] int32
+    progress: Progress
+    accept_counts: jax.Array  # [B, A] int32: rounds that emitted j + 1 tokens
+    key: jax.Array
+
+
+@struct.dataclass
+class Tree:
+    tokens: jax.Array   # [B, N] int32, node 0 = root
+    parents: jax.Array  # [B, N] int32 (root: 0)
+    mask: jax.Array     # [B, N, N] bool ancestor-or-self
+
+
+def draft_log_probs(settings: SpecSettings, draft_vars, target_params, cache: KVCache, ring: RingCache,
+                    tokens_BxT, positions_BxT, new_k, new_v, new_mask_BxTxN):
+    """Draft log-softmax (float32) for tokens at ``positions``: windowed self-attention over the ring plus
+    ``new_k/new_v`` under ``new_mask``; cross-attention to the target's last layer, slots ``[0, lengths)``."""
+    impl = settings.base.impl
+    window = settings.draft_config.window
+
+    def attend_self(q):
+        return windowed_ring_attention(q, positions_BxT, ring.k, ring.v, ring.pos, window, new_k, new_v,
+                                       new_mask_BxTxN, impl=impl)[0]
+
+    def attend_cross(q):
+        return cache_attention(q, cache.k[-1], cache.v[-1], cache.lengths, impl=impl)[0]
+
+    x = embed_tokens(target_params, tokens_BxT).astype(settings.draft_dtype)
+    y = settings.module.apply(draft_vars, x, positions_BxT, attend_self, attend_cross)
+    logits = lm_head_logits(target_params, y.astype(target_params["embed"].dtype))
+    if settings.logits_hook is not None:
+        logits = settings.logits_hook(logits, positions_BxT)
+    return jax.nn.log_softmax(logits, axis=-1)
+
+
+def draft_self_kv(settings: SpecSettings, draft_vars, target_params, tokens_BxT, positions_BxT):
+    x = embed_tokens(target_params, tokens_BxT).astype(settings.draft_dtype)
+    return settings.module.apply(draft_vars, x, positions_BxT, method=DraftLayer.self_kv)
+
+
+def draft_prefill(settings: SpecSettings, draft_vars, target_params, tokens_BxT, prompt_lengths_B) -> RingCache:
+    """Fills the ring with the self-attention K/V of each prompt's last ``ring_capacity`` positions (the draft's
+    other prefill outputs are never used)."""
+    B, T = tokens_BxT.shape
+    c = settings.draft_config
+    span = min(c.ring_capacity, T)
+    positions = prompt_lengths_B[:, None] - span + jnp.arange(span)[None]
+    valid = positions >= 0
+    safe = jnp.maximum(positions, 0)
+    k, v = draft_self_kv(settings, draft_vars, target_params, jnp.take_along_axis(tokens_BxT, safe, 1), safe)
+    ring = RingCache.empty(B, c.ring_capacity, c.num_kv_heads, c.head_dim, settings.draft_dtype)
+    return ring.write(k, v, positions, valid)
+
+
+def draft_root(settings: SpecSettings, draft_vars, target_params, state: SpecState):
+    """Step 0: stores the pending tokens' K/V in the ring and returns the draft's distribution after the root
+    ``[B, V]``. Only the root's full layer output is needed; the other pending tokens contribute K/V only."""
+    A = settings.tree.max_accept
+    root_pos = state.cache.lengths
+    offsets = jnp.arange(A)[None]
+    positions = root_pos[:, None] - state.num_pending[:, None] + 1 + offsets
+    valid = offsets < state.num_pending[:, None]
+    k, v = draft_self_kv(settings, draft_vars, target_params, state.pending, positions)
+    root = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)
+    logp = draft_log_probs(settings, draft_vars, target_params, state.cache, state.ring, root, root_pos[:, None],
+                           k, v, valid[:, None, :])
+    return logp[:, 0], state.ring.write(k, v, positions, valid)
+
+
+def build_tree(settings: SpecSettings, draft_vars, target_params, cache: KVCache, ring: RingCache,
+               root_B, logp_root_BxV) -> Tree:
+    """Dynamic beam search: level k+1 = global top-c_{k+1} of (cumulative log-prob + child log-prob) over the
+    children of level k; the draft runs once per level on all its nodes (levels 1..G-1)."""
+    spec = settings.tree
+    B, N = root_B.shape[0], spec.num_nodes
+    c = settings.draft_config
+    tokens = jnp.zeros((B, N), jnp.int32).at[:, 0].set(root_B)
+    parents = jnp.zeros((B, N), jnp.int32)
+    scores = jnp.zeros((B, N), jnp.float32)
+    mask = jnp.broadcast_to(jnp.eye(N, dtype=bool), (B, N, N))
+    tree_k = jnp.zeros((B, N - 1, c.num_kv_heads, c.head_dim), settings.draft_dtype)
+    tree_v = jnp.zeros_like(tree_k)
+    root_pos = cache.lengths
+
+    def add_level(k, parents_local, level_tokens, level_scores, tokens, parents, scores, mask, parent_start):
+        lvl = spec.level(k)
+        par = parent_start + parents_local
+        return (tokens.at[:, lvl].set(level_tokens), parents.at[:, lvl].set(par),
+                scores.at[:, lvl].set(level_scores), add_level_to_mask(mask, par, lvl.start))
+
+    level = expand_level(jnp.zeros((B, 1), jnp.float32), logp_root_BxV[:, None], spec.shape[0])
+    tokens, parents, scores, mask = add_level(1, *level, tokens, parents, scores, mask, 0)
+    for k in range(1, spec.depth):
+        lvl = spec.level(k)
+        level_tokens = tokens[:, lvl]
+        positions = jnp.broadcast_to(root_pos[:, None] + k, level_tokens.shape)
+        kk, vv = draft_self_kv(settings, draft_vars, target_params, level_tokens, positions)
+        tree_k = tree_k.at[:, lvl.start - 1:lvl.stop - 1].set(kk)
+        tree_v = tree_v.at[:, lvl.start - 1:lvl.stop - 1].set(vv)
+        logp = draft_log_probs(settings, draft_vars, target_params, cache, ring, level_tokens, positions,
+                               tree_k, tree_v, mask[:, lvl, 1:])
+        level = expand_level(scores[:, lvl], logp, spec.shape[k])
+        tokens, parents, scores, mask = add_level(k + 1, *level, tokens, parents, scores, mask, lvl.start)
+    return Tree(tokens=tokens, parents=parents, mask=mask)
+
+
+def verify(settings: SpecSettings, target_params, cache: KVCache, tree: Tree, key):
+    """One target forward over the whole tree with hybrid tree attention; returns the target's choice after
+    every node ``[B, N]`` (argmax, or an independent draw at T > 0) and the cache with the tree's K/V written
+    at slots ``lengths + node index``."""
+    depths = jnp.asarray(settings.tree.node_depths)
+    positions = cache.lengths[:, None] + depths[None]
+    hidden, cache = forward(target_params, settings.base.config, tree.tokens, positions, cache, tree.mask,
+                            impl=settings.base.impl)
+    return select_tokens(lm_head_logits(target_params, hidden), key, settings.base.sampling), cache
+
+
+def commit(cache: KVCache, path_BxA, count_B, active_B) -> KVCache:
+    """Moves the accepted nodes' K/V (every layer) from their tree slots to consecutive slots after the root's,
+    and commits the root and the accepted nodes for active sequences."""
+    root = cache.lengths
+    src = (root[:, None] + path_BxA)[:, :, None, None]
+
+    def compact(buffer):
+        return write_rows(buffer, jnp.take_along_axis(buffer, src, axis=1), root)
+
+    return cache.replace(k=tuple(compact(b) for b in cache.k), v=tuple(compact(b) for b in cache.v),
+                         lengths=jnp.where(active_B, root + count_B, root))
+
+
+def spec_round(settings: SpecSettings, target_params, draft_vars, stop: StopCriteria, state: SpecState) -> SpecState:
+    key, verify_key = jax.random.split(state.key)
+    logp_root, ring = draft_root(settings, draft_vars, target_params, state)
+    root = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)[:, 0]
+    tree = build_tree(settings, draft_vars, target_params, state.cache, ring, root, logp_root)
+    choices, cache = verify(settings, target_params, state.cache, tree, verify_key)
+    accepted = accept(tree.tokens, tree.parents, tree.mask, choices, settings.tree)
+    active = ~state.progress.done
+    cache = commit(cache, accepted.path_BxA, accepted.count_B, active)
+    progress = state.progress.emit(accepted.tokens_BxA, accepted.count_B, stop)
+    A = settings.tree.max_accept
+    counted = jax.nn.one_hot(accepted.count_B - 1, A, dtype=jnp.int32) * active[:, None]
+    return SpecState(cache=cache, ring=ring,
+                     pending=jnp.where(active[:, None], accepted.tokens_BxA, state.pending),
+                     num_pending=jnp.where(active, accepted.count_B, state.num_pending),
+                     progress=progress, accept_counts=state.accept_counts + counted, key=key)
+
+
+def speculative_generate(settings: SpecSettings, target_params, draft_vars, tokens_BxT, prompt_lengths_B,
+                         stop: StopCriteria, key) -> SpecState:
+    first, cache, key = prefill_and_first_token(target_params, settings.base, tokens_BxT, prompt_lengths_B, key)
+    ring = draft_prefill(settings, draft_vars, target_params, tokens_BxT, prompt_lengths_B)
+    B, A = first.shape[0], settings.tree.max_accept
+    state = SpecState(cache=cache, ring=ring, pending=jnp.zeros((B, A), jnp.int32).at[:, 0].set(first),
+                      num_pending=jnp.ones((B,), jnp.int32),
+                      progress=Progress.start(first, settings.base.out_len, stop),
+                      accept_counts=jnp.zeros((B, A), jnp.int32), key=key)
+    return jax.lax.while_loop(lambda s: ~jnp.all(s.progress.done),
+                              functools.partial(spec_round, settings, target_params, draft_vars, stop), state)
+
+
+@functools.partial(jax.jit, static_argnames=("settings",))
+def _speculative_jit(target_params, draft_vars, tokens, lengths, stop, key, settings):
+    return speculative_generate(settings, target_params, draft_vars, tokens, lengths, stop, key)
+
+
+def speculative_generate_call(target, draft: Draft, prompts, max_new_tokens, stop, sampling, tree_shape, seed,
+                              prefill_chunk, impl):
+    """Host side of ``generate(..., draft=...)``: checks the pair, plans shapes, runs the jit, converts."""
+    from infer.generate import pad_prompts, plan_shapes, to_output
+
+    if not isinstance(draft, Draft):
+        raise ValueError(f"draft must be a longspec_jax Draft (see load_draft), got {type(draft).__name__}")
+    config = target.config
+    dc = draft.config
+    if (dc.hidden_size, dc.num_heads, dc.num_kv_heads, dc.head_dim) != (
+            config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim):
+        raise ValueError(f"draft (hidden {dc.hidden_size}, heads {dc.num_heads}/{dc.num_kv_heads}, head_dim "
+                         f"{dc.head_dim}) does not match the target (hidden {config.hidden_size}, heads "
+                         f"{config.num_heads}/{config.num_kv_heads}, head_dim {config.head_dim})")
+    spec = TreeSpec.parse(tree_shape, config.vocab_size)
+    longest = max(len(p) for p in prompts)
+    padded, chunk, out_len, capacity = plan_shapes(longest, max_new_tokens, spec.num_nodes + spec.max_accept,
+                                                   prefill_chunk)
+    base = DecodeSettings(config=config, sampling=sampling, capacity=capacity, prefill_chunk=chunk,
+                          out_len=out_len, impl=impl)
+    settings = SpecSettings(base=base, tree=spec, draft_config=dc, draft_dtype=np.dtype(draft.param_dtype).type,
+                            logits_hook=draft.logits_hook)
+    tokens, lengths = pad_prompts(prompts, padded)
+    state = _speculative_jit(target.params, draft.variables, tokens, lengths, stop, jax.random.PRNGKey(seed),
+                             settings=settings)
+    out = to_output(state.progress, max_new_tokens)
+    out.accept_counts = np.asarray(state.accept_counts)
+    return out

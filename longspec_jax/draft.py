@@ -1,0 +1,194 @@
+"""The LongSpec draft: one decoder layer of windowed self-attention, cross-attention into the target's
+last-layer KV cache, and a SwiGLU MLP (reference.md section 1), as a functional Flax module.
+
+The draft shares the target's embedding, LM head and RoPE; it has no final norm. Submodule and parameter names
+follow the PyTorch state dict (``self_attn.q_proj.weight`` is ``params/self_attn/q_proj/kernel`` transposed),
+and the unused ``cross_attn.k_proj`` / ``v_proj`` are kept as parameters so released checkpoints round-trip.
+
+How the layer's queries attend is supplied by the caller (``attend_self`` / ``attend_cross``), so the same
+module serves prefill, the speculative round and training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from longspec_jax.config import RopeConfig, TargetConfig
+from longspec_jax.errors import ConfigError
+from longspec_jax.layers import rms_norm
+from longspec_jax.rope import apply_rope, inverse_frequencies, rope_tables
+
+DEFAULT_WINDOW = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftConfig:
+    """Draft architecture, derived from the target's config (as the reference builds it)."""
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    mlp_bias: bool = False
+    window: int = DEFAULT_WINDOW
+    initializer_range: float = 0.02
+
+    @property
+    def head_dim(self) -> int:
+        # The reference always uses hidden // heads for the draft, whatever the target's head_dim says.
+        return self.hidden_size // self.num_heads
+
+    @property
+    def ring_capacity(self) -> int:
+        """Slots of the self-attention ring cache: the window plus slack, independent of context length."""
+        return -(-(self.window + 64) // 64) * 64
+
+    @classmethod
+    def from_target(cls, target: TargetConfig, window: int = DEFAULT_WINDOW) -> "DraftConfig":
+        if target.hidden_size % target.num_heads:
+            raise ConfigError(f"hidden_size {target.hidden_size} is not a multiple of num_attention_heads "
+                              f"{target.num_heads}; a LongSpec draft needs hidden // heads as head_dim")
+        if target.hidden_size // target.num_heads != target.head_dim:
+            raise ConfigError(
+                f"draft head_dim = hidden_size // num_heads = {target.hidden_size // target.num_heads} differs "
+                f"from the target's head_dim {target.head_dim}: the draft cannot cross-attend to its KV cache")
+        if window <= 0:
+            raise ConfigError(f"draft window must be positive, got {window}")
+        return cls(hidden_size=target.hidden_size, num_heads=target.num_heads,
+                   num_kv_heads=target.num_kv_heads, intermediate_size=target.intermediate_size,
+                   rms_norm_eps=target.rms_norm_eps, rope=target.rope,
+                   mlp_bias=target.mlp_bias and target.model_type == "llama", window=window)
+
+
+class RMSNorm(nn.Module):
+    eps: float
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        weight = self.param("weight", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+        return rms_norm(x, weight.astype(x.dtype), self.eps)
+
+
+class DraftAttention(nn.Module):
+    """Projections of one attention block (q/k/v with bias, o without); attention itself is external."""
+
+    config: DraftConfig
+    param_dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        c = self.config
+        dense = lambda features, bias, name: nn.Dense(
+            features, use_bias=bias, name=name, dtype=self.param_dtype, param_dtype=self.param_dtype,
+            kernel_init=nn.initializers.normal(c.initializer_range))
+        self.q_proj = dense(c.num_heads * c.head_dim, True, "q_proj")
+        self.k_proj = dense(c.num_kv_heads * c.head_dim, True, "k_proj")
+        self.v_proj = dense(c.num_kv_heads * c.head_dim, True, "v_proj")
+        self.o_proj = dense(c.hidden_size, False, "o_proj")
+
+    def query(self, x_BxTxd, cos, sin):
+        B, T, _ = x_BxTxd.shape
+        return apply_rope(self.q_proj(x_BxTxd).reshape(B, T, self.config.num_heads, -1), cos, sin)
+
+    def key_value(self, x_BxTxd, cos, sin):
+        B, T, _ = x_BxTxd.shape
+        k = self.k_proj(x_BxTxd).reshape(B, T, self.config.num_kv_heads, -1)
+        v = self.v_proj(x_BxTxd).reshape(B, T, self.config.num_kv_heads, -1)
+        return apply_rope(k, cos, sin), v
+
+    def out(self, o_BxTxHxD):
+        B, T = o_BxTxHxD.shape[:2]
+        return self.o_proj(o_BxTxHxD.reshape(B, T, -1))
+
+
+class DraftMLP(nn.Module):
+    config: DraftConfig
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        c = self.config
+        dense = lambda features, name: nn.Dense(
+            features, use_bias=c.mlp_bias, name=name, dtype=self.param_dtype, param_dtype=self.param_dtype,
+            kernel_init=nn.initializers.normal(c.initializer_range))
+        return dense(c.hidden_size, "down_proj")(
+            jax.nn.silu(dense(c.intermediate_size, "gate_proj")(x)) * dense(c.intermediate_size, "up_proj")(x))
+
+
+AttendFn = Callable[[jax.Array], jax.Array]  # queries [B, T, H, D] -> attention output [B, T, H, D]
+
+
+class DraftLayer(nn.Module):
+    """``h1 = x + SelfAttn(norm(x)); h2 = h1 + CrossAttn(norm(h1)); y = h2 + MLP(norm(h2))`` (no final norm)."""
+
+    config: DraftConfig
+    param_dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        c = self.config
+        self.input_layernorm = RMSNorm(c.rms_norm_eps, self.param_dtype)
+        self.self_attn = DraftAttention(c, self.param_dtype)
+        self.post_self_attention_layernorm = RMSNorm(c.rms_norm_eps, self.param_dtype)
+        self.cross_attn = DraftAttention(c, self.param_dtype)
+        self.post_cross_attention_layernorm = RMSNorm(c.rms_norm_eps, self.param_dtype)
+        self.mlp = DraftMLP(c, self.param_dtype)
+
+    def _rope(self, positions_BxT):
+        return rope_tables(positions_BxT, inverse_frequencies(self.config.rope, self.config.head_dim))
+
+    def self_kv(self, x_BxTxd, positions_BxT):
+        """Self-attention K (roped) and V: a pure function of (token embedding, position)."""
+        cos, sin = self._rope(positions_BxT)
+        return self.self_attn.key_value(self.input_layernorm(x_BxTxd), cos, sin)
+
+    def __call__(self, x_BxTxd, positions_BxT, attend_self: AttendFn, attend_cross: AttendFn):
+        cos, sin = self._rope(positions_BxT)
+        q = self.self_attn.query(self.input_layernorm(x_BxTxd), cos, sin)
+        h = x_BxTxd + self.self_attn.out(attend_self(q).astype(x_BxTxd.dtype))
+        q = self.cross_attn.query(self.post_self_attention_layernorm(h), cos, sin)
+        h = h + self.cross_attn.out(attend_cross(q).astype(h.dtype))
+        return h + self.mlp(self.post_cross_attention_layernorm(h))
+
+    def init_all(self, x_BxTxd, positions_BxT):
+        """Touches every parameter (the unused cross-attention k/v included); for ``init`` only."""
+        cos, sin = self._rope(positions_BxT)
+        self.cross_attn.key_value(x_BxTxd, cos, sin)
+        identity = lambda q: q
+        return self(x_BxTxd, positions_BxT, identity, identity), self.self_kv(x_BxTxd, positions_BxT)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Draft:
+    """A draft model: static config and Flax variables ``{"params": ...}``.
+
+    ``logits_hook(logits_BxTxV, positions_BxT) -> logits`` optionally transforms the draft's logits before the
+    tree search (oracle or perturbed drafts for testing and analysis); ``None`` for real use.
+    """
+
+    config: DraftConfig
+    variables: dict
+    logits_hook: Callable | None = None
+
+    @property
+    def module(self) -> DraftLayer:
+        return DraftLayer(self.config, self.param_dtype)
+
+    @property
+    def param_dtype(self):
+        return self.variables["params"]["input_layernorm"]["weight"].dtype
+
+
+def init_draft(config: DraftConfig, key: jax.Array, dtype=jnp.float32) -> Draft:
+    """A randomly initialised draft: N(0, initializer_range) kernels, zero biases, unit norms (HF ``post_init``)."""
+    module = DraftLayer(config, dtype)
+    x = jnp.zeros((1, 1, config.hidden_size), dtype)
+    pos = jnp.zeros((1, 1), jnp.int32)
+    variables = module.init(key, x, pos, method=DraftLayer.init_all)
+    return Draft(config=config, variables=jax.tree_util.tree_map(lambda a: a.astype(dtype), variables))
