@@ -129,7 +129,7 @@ def save_file(tensors: dict[str, np.ndarray], path: str, metadata: dict[str, str
     offset = 0
     arrays = {}
     for name in sorted(tensors):
-        array = np.ascontiguousarray(tensors[name])
+        array = np.asarray(tensors[name], order="C")  # ascontiguousarray would make 0-d arrays 1-d
         if array.dtype not in _NAMES:
             raise WeightsError(f"cannot save tensor {name!r} of dtype {array.dtype} as safetensors")
         header[name] = {"dtype": _NAMES[array.dtype], "shape": list(array.shape),

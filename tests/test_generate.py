@@ -1,0 +1,168 @@
+"""``infer.generate`` without a draft: EOS, lengths, prompt formats, batching, sampling, chunking, input errors."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import random_prompt, tiny_target
+from infer import generate
+
+VOCAB = 512
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target(vocab_size=VOCAB, max_position_embeddings=256)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return [random_prompt(11, VOCAB, seed=1), random_prompt(6, VOCAB, seed=2)]
+
+
+@pytest.fixture(scope="module")
+def free_run(target, prompts):
+    """Greedy 24 tokens per prompt, no EOS."""
+    return generate(target, prompts, max_new_tokens=24, eos_token_id=[])
+
+
+def first_new_token_position(row: np.ndarray, lo: int) -> int:
+    """Smallest step s >= lo whose token does not occur earlier in the row."""
+    return next(s for s in range(lo, len(row)) if row[s] not in row[:s])
+
+
+def test_free_run_shapes(free_run):
+    assert free_run.tokens.shape == (2, 24) and free_run.tokens.dtype == np.int32
+    assert free_run.num_generated.tolist() == [24, 24]
+    assert free_run.num_rounds.tolist() == [23, 23]
+    assert free_run.mean_accepted == pytest.approx(1.0)
+    assert ((free_run.tokens >= 0) & (free_run.tokens < VOCAB)).all()
+
+
+def eos_stops(rows: np.ndarray, eos) -> list:
+    """The step at which each row's greedy run first emits one of ``eos`` (None if never)."""
+    return [next((s for s in range(len(row)) if row[s] in eos), None) for row in rows]
+
+
+def test_eos_stops_each_row_at_its_own_step(target, prompts, free_run):
+    rows = free_run.tokens
+    eos, stops = None, None
+    for a in rows[0, 2:12]:
+        for b in rows[1, 2:20]:
+            st = eos_stops(rows, {int(a), int(b)})
+            if None not in st and min(st) >= 2 and st[0] != st[1]:
+                eos, stops = [int(a), int(b)], st
+                break
+        if eos:
+            break
+    assert eos is not None, "no EOS pair makes the rows stop at different steps"
+    out = generate(target, prompts, max_new_tokens=24, eos_token_id=eos)
+    for b, stop in enumerate(stops):
+        np.testing.assert_array_equal(out.tokens[b, :stop + 1], rows[b, :stop + 1])
+        assert out.tokens[b, stop] in eos
+        assert (out.tokens[b, stop + 1:] == -1).all()
+        assert out.num_generated[b] == stop + 1
+        assert out.num_rounds[b] == stop
+
+
+def test_single_eos_id_as_int(target, prompts, free_run):
+    row = free_run.tokens[0]
+    s = first_new_token_position(row, 5)
+    out = generate(target, [prompts[0]], max_new_tokens=24, eos_token_id=int(row[s]))
+    assert out.num_generated.tolist() == [s + 1]
+    np.testing.assert_array_equal(out.tokens[0, :s + 1], row[:s + 1])
+    assert (out.tokens[0, s + 1:] == -1).all()
+
+
+def test_eos_as_first_token(target, prompts, free_run):
+    out = generate(target, prompts, max_new_tokens=24, eos_token_id=int(free_run.tokens[0, 0]))
+    assert out.num_generated[0] == 1 and out.num_rounds[0] == 0
+    assert (out.tokens[0, 1:] == -1).all()
+
+
+def test_default_eos_comes_from_config(prompts):
+    base = tiny_target(vocab_size=VOCAB, max_position_embeddings=256)
+    row = generate(base, [prompts[0]], max_new_tokens=24, eos_token_id=[]).tokens[0]
+    s = first_new_token_position(row, 4)
+    with_eos = tiny_target(vocab_size=VOCAB, max_position_embeddings=256, eos_token_ids=(int(row[s]),))
+    out = generate(with_eos, [prompts[0]], max_new_tokens=24)
+    assert out.num_generated.tolist() == [s + 1]
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 13, 24])
+def test_max_new_tokens_exact(target, prompts, free_run, n):
+    out = generate(target, prompts, max_new_tokens=n, eos_token_id=[])
+    assert out.tokens.shape == (2, n)
+    assert out.num_generated.tolist() == [n, n]
+    assert out.num_rounds.tolist() == [n - 1, n - 1]
+    np.testing.assert_array_equal(out.tokens, free_run.tokens[:, :n])
+
+
+def test_prompt_formats(target, prompts, free_run):
+    same_length = [random_prompt(9, VOCAB, seed=5), random_prompt(9, VOCAB, seed=6)]
+    as_lists = generate(target, same_length, max_new_tokens=10, eos_token_id=[]).tokens
+    as_numpy = generate(target, np.asarray(same_length), max_new_tokens=10, eos_token_id=[]).tokens
+    as_jax = generate(target, jnp.asarray(same_length), max_new_tokens=10, eos_token_id=[]).tokens
+    as_tuples = generate(target, [tuple(p) for p in same_length], max_new_tokens=10, eos_token_id=[]).tokens
+    np.testing.assert_array_equal(as_numpy, as_lists)
+    np.testing.assert_array_equal(as_jax, as_lists)
+    np.testing.assert_array_equal(as_tuples, as_lists)
+    flat = generate(target, prompts[0], max_new_tokens=24, eos_token_id=[])
+    assert flat.tokens.shape == (1, 24)
+    np.testing.assert_array_equal(flat.tokens[0], free_run.tokens[0])
+    flat_np = generate(target, np.asarray(prompts[1], np.int64), max_new_tokens=24, eos_token_id=[])
+    np.testing.assert_array_equal(flat_np.tokens[0], free_run.tokens[1])
+
+
+def test_batch_rows_equal_rows_alone(target, free_run, prompts):
+    long_prompt = random_prompt(29, VOCAB, seed=7)
+    batch = generate(target, [prompts[1], long_prompt, prompts[0]], max_new_tokens=24, eos_token_id=[])
+    alone = generate(target, [long_prompt], max_new_tokens=24, eos_token_id=[])
+    np.testing.assert_array_equal(batch.tokens[0], free_run.tokens[1])
+    np.testing.assert_array_equal(batch.tokens[1], alone.tokens[0])
+    np.testing.assert_array_equal(batch.tokens[2], free_run.tokens[0])
+
+
+def test_sampling_reproducible_and_seed_dependent(target, prompts, free_run):
+    runs = [generate(target, prompts, max_new_tokens=24, temperature=1.0, eos_token_id=[], seed=s).tokens
+            for s in (0, 0, 1)]
+    np.testing.assert_array_equal(runs[0], runs[1])
+    assert (runs[0] != runs[2]).any()
+    assert (runs[0] != free_run.tokens).any(), "T=1 sampling should not equal greedy on this model"
+    assert ((runs[0] >= 0) & (runs[0] < VOCAB)).all()
+
+
+def test_tiny_top_p_is_greedy(target, prompts, free_run):
+    out = generate(target, prompts, max_new_tokens=24, temperature=1.0, top_p=1e-6, eos_token_id=[], seed=3)
+    np.testing.assert_array_equal(out.tokens, free_run.tokens)
+
+
+def test_chunked_prefill_equals_unchunked(target):
+    prompts = [random_prompt(100, VOCAB, seed=8), random_prompt(37, VOCAB, seed=9)]
+    whole = generate(target, prompts, max_new_tokens=12, eos_token_id=[])
+    chunked = generate(target, prompts, max_new_tokens=12, eos_token_id=[], prefill_chunk=32)
+    np.testing.assert_array_equal(chunked.tokens, whole.tokens)
+
+
+@pytest.mark.parametrize("kwargs, prompt, words", [
+    (dict(max_new_tokens=0), None, "max_new_tokens"),
+    (dict(max_new_tokens=-3), None, "max_new_tokens"),
+    (dict(max_new_tokens=2.5), None, "max_new_tokens"),
+    (dict(temperature=-0.1), None, "temperature"),
+    (dict(top_p=0.0), None, "top_p"),
+    (dict(top_p=1.5), None, "top_p"),
+    (dict(), [[]], "non-empty"),
+    (dict(), [], "non-empty"),
+    (dict(), [[1, 2], []], "prompt 1"),
+    (dict(), [[1, VOCAB]], f"token id {VOCAB}"),
+    (dict(), [[-1, 2]], "token id -1"),
+    (dict(max_new_tokens=200), None, "context capacity"),
+    (dict(max_new_tokens=8, max_context=60), None, "context capacity"),
+])
+def test_bad_input_raises_value_error(target, kwargs, prompt, words):
+    prompt = [random_prompt(60, VOCAB, seed=0)] if prompt is None else prompt
+    kwargs = {"max_new_tokens": 4, **kwargs}
+    with pytest.raises(ValueError, match=words):
+        generate(target, prompt, **kwargs)
