@@ -269,6 +269,25 @@ def test_kernels_lower_to_triton_ir(case):
     assert "xla.gpu.triton" in text and 'name = "tree_attention"' in text
 
 
+# ------------------------------------------------------------------------------------------------ benchmark
+
+def test_bench_attention_smoke(tmp_path):
+    """The GPU benchmark script runs end to end on tiny shapes (interpret mode) and writes its report."""
+    import json
+
+    from infer.bench_attention import main
+    report = main(["--smoke", "--out", str(tmp_path)])
+    assert report["checks"] and all(c["ok"] for c in report["checks"]), report["checks"]
+    assert report["copy"]["bytes_per_s"] > 0
+    assert report["sweep"] and all("us" in r for r in report["sweep"]), report["sweep"]
+    (row,) = report["table"]
+    assert not row["errors"], row["errors"]
+    assert set(row["us"]) == {"pallas", "xla", "naive", "cache", "kernel", "tree", "decode", "dpa"}
+    saved = json.loads((tmp_path / "bench_attention.json").read_text())
+    assert saved["table"][0]["us"].keys() == row["us"].keys()
+    assert "| llama3-8b | 1 | 256 |" in (tmp_path / "bench_attention.md").read_text()
+
+
 # ------------------------------------------------------------------------------------------------ GPU only
 
 @pytest.mark.gpu
