@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +40,14 @@ class SpecSettings:
     @property
     def module(self) -> DraftLayer:
         return DraftLayer(self.draft_config, self.draft_dtype)
+
+
+@struct.dataclass
+class DraftWeights:
+    """The draft's traced inputs: Flax variables and the optional logits-hook data."""
+
+    variables: dict
+    hook_data: Any = None
 
 
 @struct.dataclass
@@ -75,16 +83,16 @@ def draft_log_probs(settings: SpecSettings, draft_vars, target_params, cache: KV
         return cache_attention(q, cache.k[-1], cache.v[-1], cache.lengths, impl=impl)[0]
 
     x = embed_tokens(target_params, tokens_BxT).astype(settings.draft_dtype)
-    y = settings.module.apply(draft_vars, x, positions_BxT, attend_self, attend_cross)
+    y = settings.module.apply(draft_vars.variables, x, positions_BxT, attend_self, attend_cross)
     logits = lm_head_logits(target_params, y.astype(target_params["embed"].dtype))
     if settings.logits_hook is not None:
-        logits = settings.logits_hook(logits, positions_BxT)
+        logits = settings.logits_hook(logits, positions_BxT, draft_vars.hook_data)
     return jax.nn.log_softmax(logits, axis=-1)
 
 
 def draft_self_kv(settings: SpecSettings, draft_vars, target_params, tokens_BxT, positions_BxT):
     x = embed_tokens(target_params, tokens_BxT).astype(settings.draft_dtype)
-    return settings.module.apply(draft_vars, x, positions_BxT, method=DraftLayer.self_kv)
+    return settings.module.apply(draft_vars.variables, x, positions_BxT, method=DraftLayer.self_kv)
 
 
 def draft_prefill(settings: SpecSettings, draft_vars, target_params, tokens_BxT, prompt_lengths_B) -> RingCache:
@@ -236,7 +244,8 @@ def speculative_generate_call(target, draft: Draft, prompts, max_new_tokens, sto
     settings = SpecSettings(base=base, tree=spec, draft_config=dc, draft_dtype=np.dtype(draft.param_dtype).type,
                             logits_hook=draft.logits_hook)
     tokens, lengths = pad_prompts(prompts, padded)
-    state = _speculative_jit(target.params, draft.variables, tokens, lengths, stop, jax.random.PRNGKey(seed),
+    draft_vars = DraftWeights(variables=draft.variables, hook_data=draft.hook_data)
+    state = _speculative_jit(target.params, draft_vars, tokens, lengths, stop, jax.random.PRNGKey(seed),
                              settings=settings)
     out = to_output(state.progress, max_new_tokens)
     out.accept_counts = np.asarray(state.accept_counts)

@@ -12,7 +12,7 @@ module serves prefill, the speculative round and training.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -168,13 +168,18 @@ class DraftLayer(nn.Module):
 class Draft:
     """A draft model: static config and Flax variables ``{"params": ...}``.
 
-    ``logits_hook(logits_BxTxV, positions_BxT) -> logits`` optionally transforms the draft's logits before the
-    tree search (oracle or perturbed drafts for testing and analysis); ``None`` for real use.
+    ``logits_hook(logits_BxTxV, positions_BxT, hook_data) -> logits`` optionally transforms the draft's logits
+    before the tree search (oracle or perturbed drafts for testing and analysis; ``None`` for real use).
+    ``hook_data`` is a pytree passed to it as traced data, so new data does not recompile.
+    ``target_hf_config`` is the HF ``config.json`` dict of the target it belongs to (set by ``load_draft``);
+    ``save_draft`` writes it as the exported draft's ``config.json``.
     """
 
     config: DraftConfig
     variables: dict
     logits_hook: Callable | None = None
+    hook_data: Any = None
+    target_hf_config: dict | None = dataclasses.field(default=None, repr=False)
 
     @property
     def module(self) -> DraftLayer:
