@@ -79,19 +79,36 @@ def plan_shapes(max_prompt: int, max_new_tokens: int, slack: int, prefill_chunk:
     return padded, chunk, out_len, capacity
 
 
-@functools.partial(jax.jit, static_argnames=("settings",))
-def _vanilla_jit(params, tokens, lengths, stop, key, settings):
-    return vanilla_generate(params, settings, tokens, lengths, stop, key)
+@functools.partial(jax.jit, static_argnames=("settings", "on_tokens"))
+def _vanilla_jit(params, tokens, lengths, stop, key, settings, on_tokens=None):
+    return vanilla_generate(params, settings, tokens, lengths, stop, key, on_tokens)
+
+
+_stream_sinks: list = []  # the on_tokens callbacks of the generate calls in progress (innermost last)
+
+
+def _stream_to_sink(tokens_B, emitted_B) -> None:
+    """The one host callback compiled into streaming loops; forwards to the current call's ``on_tokens`` (so
+    a new callback does not recompile)."""
+    _stream_sinks[-1](np.asarray(tokens_B), np.asarray(emitted_B))
+
+
+def _replay(out: "GenerateOutput", on_tokens) -> None:
+    for step in range(int(out.num_generated.max(initial=0))):
+        on_tokens(out.tokens[:, step], step < out.num_generated)
 
 
 def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, temperature: float = 0.0,
              top_p: float = 1.0, tree_shape: tuple[int, ...] = (4, 16, 16, 16, 16), eos_token_id=None,
              seed: int = 0, *, max_context: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-             attention: str = "auto") -> GenerateOutput:
+             attention: str = "auto", on_tokens=None) -> GenerateOutput:
     """Generates up to ``max_new_tokens`` per prompt; speculative when a ``draft`` is given.
 
     ``eos_token_id``: an id or list of ids; ``None`` uses the target's own (from its config), ``[]`` disables
     stopping. ``max_context`` bounds prompt + new tokens (default: the target's max_position_embeddings).
+    ``on_tokens(tokens_B, emitted_B)``: called on the host with every step's tokens ``[B]`` and a mask of the
+    rows that emitted one, in order, while plain decoding runs (speculative decoding: after the call, one step
+    per token).
     """
     config = target.config
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens <= 0:
@@ -107,16 +124,32 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
     if longest + max_new_tokens > max_context:
         raise ValueError(f"prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds the context "
                          f"capacity of {max_context} tokens")
+    if on_tokens is not None and not callable(on_tokens):
+        raise ValueError(f"on_tokens must be callable or None, got {type(on_tokens).__name__}")
     if draft is not None:
-        from infer.speculative import speculative_generate_call
-        return speculative_generate_call(target, draft, prompts, max_new_tokens, stop, sampling, tree_shape,
-                                         seed, prefill_chunk, resolve_impl(attention))
+        from infer.speculative import plan_speculative, run_speculative
+        settings = plan_speculative(target, draft, longest, max_new_tokens, sampling, tree_shape, prefill_chunk,
+                                    resolve_impl(attention))
+        out = run_speculative(settings, target, draft, prompts, max_new_tokens, stop, seed)
+        if on_tokens is not None:
+            _replay(out, on_tokens)
+        return out
     padded, chunk, out_len, capacity = plan_shapes(longest, max_new_tokens, 1, prefill_chunk)
     settings = DecodeSettings(config=config, sampling=sampling, capacity=capacity, prefill_chunk=chunk,
-                              out_len=out_len, impl=resolve_impl(attention))
+                              out_len=out_len, prompt_len=padded, impl=resolve_impl(attention))
     tokens, lengths = pad_prompts(prompts, padded)
-    progress = _vanilla_jit(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings)
-    return to_output(progress, max_new_tokens)
+    if on_tokens is None:
+        progress = _vanilla_jit(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings)
+        return to_output(progress, max_new_tokens)
+    _stream_sinks.append(on_tokens)
+    try:
+        progress = _vanilla_jit(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings,
+                                on_tokens=_stream_to_sink)
+        out = to_output(progress, max_new_tokens)
+        jax.effects_barrier()
+    finally:
+        _stream_sinks.pop()
+    return out
 
 
 def pad_prompts(prompts: list[np.ndarray], padded: int) -> tuple[jax.Array, jax.Array]:

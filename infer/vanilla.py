@@ -7,6 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.experimental import io_callback
 
 from longspec_jax.config import TargetConfig
 from longspec_jax.kv_cache import KVCache, init_cache
@@ -23,6 +24,7 @@ class DecodeSettings:
     capacity: int          # KV cache slots per sequence
     prefill_chunk: int
     out_len: int           # output buffer length (>= max_new_tokens, bucketed)
+    prompt_len: int        # padded prompt length (a multiple of prefill_chunk)
     impl: str = "auto"
 
 
@@ -100,9 +102,13 @@ def decode_step(params, settings: DecodeSettings, cache: KVCache, last_B: jax.Ar
 
 
 def vanilla_generate(params, settings: DecodeSettings, tokens_BxT, prompt_lengths_B, stop: StopCriteria,
-                     key) -> Progress:
+                     key, on_tokens=None) -> Progress:
+    """``on_tokens(tokens_B, emitted_B)``, when given, is called on the host (ordered ``io_callback``) with each
+    step's tokens and which rows emitted them; ``None`` (the default) adds no host callback to the loop."""
     first, cache, key = prefill_and_first_token(params, settings, tokens_BxT, prompt_lengths_B, key)
     progress = Progress.start(first, settings.out_len, stop)
+    if on_tokens is not None:
+        io_callback(on_tokens, None, first, jnp.ones(first.shape, bool), ordered=True)
 
     def cond(carry):
         return ~jnp.all(carry[0].done)
@@ -113,8 +119,10 @@ def vanilla_generate(params, settings: DecodeSettings, tokens_BxT, prompt_length
         token, cache = decode_step(params, settings, cache, last, sub)
         active = ~progress.done
         cache = cache.replace(lengths=cache.lengths + active.astype(jnp.int32))
-        progress = progress.emit(token[:, None], jnp.ones_like(token), stop)
-        return progress, cache, jnp.where(active, token, last), key
+        new_progress = progress.emit(token[:, None], jnp.ones_like(token), stop)
+        if on_tokens is not None:
+            io_callback(on_tokens, None, token, new_progress.num_generated > progress.num_generated, ordered=True)
+        return new_progress, cache, jnp.where(active, token, last), key
 
     progress, *_ = jax.lax.while_loop(cond, body, (progress, cache, first, key))
     return progress

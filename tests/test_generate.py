@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import random_prompt, tiny_target
+from tests.conftest import random_prompt, tiny_target
 from infer import generate
 
 VOCAB = 512
@@ -166,3 +166,26 @@ def test_bad_input_raises_value_error(target, kwargs, prompt, words):
     kwargs = {"max_new_tokens": 4, **kwargs}
     with pytest.raises(ValueError, match=words):
         generate(target, prompt, **kwargs)
+
+
+def test_on_tokens_streams_every_emitted_token_in_order(target, prompts, free_run):
+    rows = free_run.tokens
+    eos = [int(rows[0, 5])]
+    stop0 = eos_stops(rows, eos)[0]
+    steps = []
+    out = generate(target, prompts, max_new_tokens=20, eos_token_id=eos,
+                   on_tokens=lambda tokens, emitted: steps.append((tokens.copy(), emitted.copy())))
+    assert all(t.shape == (2,) and e.shape == (2,) and e.dtype == bool for t, e in steps)
+    for b in range(2):
+        streamed = [int(t[b]) for t, e in steps if e[b]]
+        assert streamed == out.tokens[b, :out.num_generated[b]].tolist()
+    assert out.num_generated[0] == stop0 + 1
+    assert len(steps) == max(out.num_generated)
+    # A second streaming call with another callback reuses the compiled loop and streams to the new callback.
+    again = []
+    out2 = generate(target, prompts, max_new_tokens=20, eos_token_id=eos,
+                    on_tokens=lambda tokens, emitted: again.append(tokens.copy()))
+    np.testing.assert_array_equal(out2.tokens, out.tokens)
+    assert len(again) == len(steps)
+    with pytest.raises(ValueError, match="on_tokens"):
+        generate(target, prompts, max_new_tokens=4, on_tokens=42)

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import build_hf_model, save_hf_model
+from tests.conftest import build_hf_model, save_hf_model
 from longspec_jax import ConfigError, WeightsError, load_target
 from longspec_jax.safetensors_io import SafetensorsDir, SafetensorsFile, save_file
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import HF_CONFIGS, hf_greedy, hf_logits, random_prompt
+from tests.conftest import HF_CONFIGS, hf_greedy, hf_logits, random_prompt
 from infer import generate
 from longspec_jax import load_target
 from longspec_jax.config import RopeConfig

@@ -1,0 +1,259 @@
+"""Generate text from a prompt, streaming it to stdout: ``python -m infer.main --prompt "def f(" --max-new-tokens 32``.
+
+Without ``--target``, the code-LM fixture beside the repository (``../shared/fixtures/code-lm``) is used when it
+exists, else a tiny random Llama built in memory with a byte-level tokenizer (its text is noise, but the whole
+path runs). Timing goes to stderr: the first call includes compilation; ``--repeat N`` adds N warm calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_FIXTURE = REPO_ROOT / ".." / "shared" / "fixtures" / "code-lm"
+DTYPES = ("bfloat16", "float32")
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as token ids 0..255 (for the tiny random model, which has no tokenizer)."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids) -> str:
+        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
+
+class TextStreamer:
+    """Prints the decoded text of row 0 as tokens arrive, holding back an incomplete UTF-8 / BPE tail."""
+
+    def __init__(self, decode, out=None):
+        self.decode = decode
+        self.out = out
+        self.ids: list[int] = []
+        self.printed = ""
+        self.enabled = True
+
+    def __call__(self, tokens_B, emitted_B) -> None:
+        if emitted_B[0]:
+            self.ids.append(int(tokens_B[0]))
+            if self.enabled:
+                self._flush(final=False)
+
+    def _flush(self, final: bool) -> None:
+        text = self.decode(self.ids)
+        if not final and text.endswith("\ufffd"):
+            return  # wait for the rest of a multi-byte character
+        if text.startswith(self.printed):
+            new = text[len(self.printed):]
+        else:  # an earlier piece decoded differently in context: print only what is new past the common part
+            common = os.path.commonprefix([text, self.printed])
+            new = text[len(common):] if len(text) > len(self.printed) else ""
+        if new:
+            out = self.out or sys.stdout
+            out.write(new)
+            out.flush()
+            self.printed += new
+
+    def finish(self) -> None:
+        if self.enabled:
+            self._flush(final=True)
+            out = self.out or sys.stdout
+            out.write("\n")
+            out.flush()
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _top_p(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _tree_shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+    if not shape or min(shape) <= 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return shape
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m infer.main", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--target", metavar="DIR",
+                        help="HF Llama/Qwen2 directory (config.json + *.safetensors [+ tokenizer]); default: the "
+                             "code-LM fixture next to the repo if present, else a tiny random model")
+    parser.add_argument("--tiny-random", action="store_true",
+                        help="use a tiny random Llama built in memory (byte tokenizer) instead of --target")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", metavar="TEXT", help="the prompt text")
+    source.add_argument("--prompt-file", metavar="F", help="read the prompt from this file ('-' for stdin)")
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=64, metavar="N")
+    parser.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0 = greedy")
+    parser.add_argument("--top-p", type=_top_p, default=1.0, metavar="P")
+    parser.add_argument("--seed", type=int, default=0, metavar="S")
+    parser.add_argument("--dtype", choices=DTYPES, default="bfloat16")
+    parser.add_argument("--draft", metavar="DIR", help="LongSpec draft (speculative decoding)")
+    parser.add_argument("--tree-shape", type=_tree_shape, default=(4, 16, 16, 16, 16), metavar="C0,C1,...",
+                        help="speculative tree: beams per level (with --draft)")
+    parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    parser.add_argument("--repeat", type=_non_negative_int, default=0, metavar="N",
+                        help="after the first (compiling) call, time N more calls without printing")
+    return parser
+
+
+def tiny_random_target(dtype, seed: int = 0):
+    """A 2-layer Llama (vocab 256 = bytes) with random weights, and its byte tokenizer."""
+    import jax
+
+    from longspec_jax.config import TargetConfig
+    from longspec_jax.target import Target, init_target_params
+
+    config = TargetConfig(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
+                          num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=4096)
+    params = init_target_params(config, jax.random.PRNGKey(seed), dtype=dtype, std=0.1)
+    return Target(config=config, params=params), ByteTokenizer()
+
+
+def _read_prompt(args, parser) -> str:
+    if args.prompt is not None:
+        return args.prompt
+    try:
+        if args.prompt_file == "-":
+            return sys.stdin.read()
+        return Path(args.prompt_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        parser.error(f"cannot read --prompt-file {args.prompt_file}: {e}")
+
+
+def _load(args, dtype):
+    """Returns (target, tokenizer, description)."""
+    from longspec_jax import load_target
+
+    path = args.target
+    if path is None and not args.tiny_random and (DEFAULT_FIXTURE / "config.json").is_file():
+        path = os.fspath(DEFAULT_FIXTURE.resolve())
+    if path is None:
+        target, tokenizer = tiny_random_target(dtype, args.seed)
+        return target, tokenizer, "tiny random Llama (in memory, byte tokenizer)"
+    target = load_target(path, dtype=dtype)
+    tokenizer = target.tokenizer
+    if tokenizer is None:
+        if target.config.vocab_size < 256:
+            raise ValueError(f"{path} has no tokenizer (tokenizer.json / tokenizer_config.json)")
+        tokenizer = ByteTokenizer()
+        print(f"[infer.main] {path} has no tokenizer: using UTF-8 bytes as token ids", file=sys.stderr)
+    return target, tokenizer, path
+
+
+def _load_draft(path: str, target):
+    import longspec_jax
+
+    if not hasattr(longspec_jax, "load_draft"):
+        raise ValueError("--draft: speculative decoding from the CLI is not available yet "
+                         "(longspec_jax.load_draft is not implemented in this version)")
+    return longspec_jax.load_draft(path, target)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    prompt = _read_prompt(args, parser)
+    if args.draft is not None and not os.path.exists(args.draft):
+        parser.error(f"--draft {args.draft}: no such file or directory")
+    if args.tiny_random and args.target is not None:
+        parser.error("give either --target or --tiny-random, not both")
+    if args.target is not None and not os.path.isdir(args.target):
+        parser.error(f"--target {args.target}: not a directory")
+
+    import jax.numpy as jnp
+
+    from infer.generate import generate
+
+    dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}[args.dtype]
+    try:
+        target, tokenizer, where = _load(args, dtype)
+        draft = _load_draft(args.draft, target) if args.draft else None
+        ids = list(tokenizer.encode(prompt))
+        if not ids:
+            raise ValueError("the prompt is empty (it encodes to 0 tokens)")
+        print(f"[infer.main] target: {where} ({args.dtype}); prompt: {len(ids)} tokens", file=sys.stderr)
+        kwargs = dict(draft=draft, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                      top_p=args.top_p, seed=args.seed, tree_shape=args.tree_shape,
+                      eos_token_id=[] if args.ignore_eos else None)
+        streamer = TextStreamer(tokenizer.decode)
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
+        start = time.perf_counter()
+        out = generate(target, [ids], on_tokens=streamer, **kwargs)
+        first_s = time.perf_counter() - start
+        streamer.finish()
+        n = int(out.num_generated[0])
+        print(f"[infer.main] {n} tokens in {first_s:.3f} s (first call, includes compilation and prefill): "
+              f"{n / first_s:.2f} tokens/s", file=sys.stderr)
+        if draft is not None:
+            print(f"[infer.main] rounds: {int(out.num_rounds[0])}, mean accepted (tau): {out.mean_accepted:.3f}",
+                  file=sys.stderr)
+        if args.repeat:
+            streamer.enabled = False
+            times = []
+            for _ in range(args.repeat):
+                start = time.perf_counter()
+                again = generate(target, [ids], on_tokens=streamer, **kwargs)
+                times.append(time.perf_counter() - start)
+                n = int(again.num_generated[0])
+            warm = statistics.median(times)
+            print(f"[infer.main] warm: median {warm:.4f} s over {args.repeat} run(s) (includes prefill): "
+                  f"{n / warm:.2f} tokens/s", file=sys.stderr)
+    except (ValueError, OSError) as e:  # LongSpecError is a ValueError: bad model dir, weights, prompt, ...
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""``python -m infer.main``: streaming output, timing lines, default target, and clean errors."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import HAVE_FIXTURE, REPO_ROOT
+from infer import main as cli
+from longspec_jax.target import Target
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """Records every ``generate`` call the CLI makes: (target, output)."""
+    calls = []
+    module = importlib.import_module("infer.generate")  # the attribute infer.generate is the function
+    real = module.generate
+
+    def spy(target, *args, **kwargs):
+        out = real(target, *args, **kwargs)
+        calls.append((target, out))
+        return out
+
+    monkeypatch.setattr(module, "generate", spy)
+    return calls
+
+
+def run_cli(capsys, *argv):
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_tiny_random_streams_the_generated_text(capsys, recorded):
+    code, out, err = run_cli(capsys, "--tiny-random", "--prompt", "def f(", "--max-new-tokens", "12",
+                             "--dtype", "float32", "--repeat", "1")
+    assert code == 0, err
+    assert len(recorded) == 2  # first call + one warm repeat
+    target, result = recorded[0]
+    assert isinstance(target, Target) and target.config.vocab_size == 256
+    assert result.num_generated.tolist() == [12]
+    expected = cli.ByteTokenizer().decode(result.tokens[0])
+    assert out == "def f(" + expected + "\n"
+    assert "12 tokens in" in err and "first call" in err and "tokens/s" in err
+    assert "warm: median" in err
+
+
+def test_prompt_file_and_sampling(capsys, recorded, tmp_path):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("import os\n")
+    code, out, err = run_cli(capsys, "--tiny-random", "--prompt-file", str(prompt), "--max-new-tokens", "5",
+                             "--dtype", "float32", "--temperature", "0.8", "--top-p", "0.9", "--seed", "3")
+    assert code == 0, err
+    result = recorded[0][1]
+    assert out == "import os\n" + cli.ByteTokenizer().decode(result.tokens[0]) + "\n"
+    assert "prompt: 10 tokens" in err
+
+
+def test_default_target(capsys, recorded):
+    """No --target: the fixture beside the repository when present, else the tiny random model."""
+    code, out, err = run_cli(capsys, "--prompt", "def fibonacci(n):", "--max-new-tokens", "16",
+                             "--dtype", "float32")
+    assert code == 0, err
+    target, result = recorded[0]
+    if HAVE_FIXTURE:
+        assert "code-lm" in err and target.tokenizer is not None
+        n = int(result.num_generated[0])
+        assert out == "def fibonacci(n):" + target.tokenizer.decode(result.tokens[0, :n].tolist()) + "\n"
+    else:
+        assert "tiny random" in err
+    assert "tokens/s" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens: must be a positive integer"),
+    (["--prompt", "x", "--max-new-tokens", "many"], "--max-new-tokens: expected a positive integer"),
+    (["--prompt", "x", "--temperature", "-0.5"], "--temperature: must be >= 0"),
+    (["--prompt", "x", "--top-p", "0"], "--top-p: must be in (0, 1]"),
+    (["--prompt", "x", "--dtype", "int8"], "--dtype: invalid choice"),
+    (["--max-new-tokens", "3"], "one of the arguments --prompt --prompt-file is required"),
+    (["--prompt", "x", "--prompt-file", "y"], "not allowed with argument --prompt"),
+    (["--prompt-file", "/nonexistent/prompt.txt"], "cannot read --prompt-file"),
+    (["--prompt", "x", "--target", "/nonexistent/model"], "--target /nonexistent/model: not a directory"),
+    (["--prompt", "x", "--draft", "/nonexistent/draft"], "--draft /nonexistent/draft: no such file"),
+    (["--tiny-random", "--target", ".", "--prompt", "x"], "either --target or --tiny-random"),
+    (["--prompt", "x", "--tree-shape", "4,x"], "--tree-shape: expected comma-separated positive integers"),
+])
+def test_bad_arguments_are_argparse_errors(capsys, argv, message):
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_model_dir_is_a_clean_error(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "--target", str(tmp_path), "--prompt", "x")
+    assert code == 2
+    assert err.strip().splitlines()[-1] == f"error: missing config.json in {tmp_path}"
+    assert "Traceback" not in err
+
+
+def test_bad_generation_arguments_are_clean_errors(capsys):
+    code, _, err = run_cli(capsys, "--tiny-random", "--prompt", "", "--max-new-tokens", "3")
+    assert code == 2 and "error: the prompt is empty" in err
+    code, _, err = run_cli(capsys, "--tiny-random", "--prompt", "x" * 4090, "--max-new-tokens", "10")
+    assert code == 2 and "exceeds the context capacity of 4096 tokens" in err
+
+
+def test_draft_gives_a_clear_message(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "--tiny-random", "--draft", str(tmp_path), "--prompt", "x",
+                           "--max-new-tokens", "3")
+    assert code == 2
+    assert err.strip().splitlines()[-1].startswith("error: ")
+    assert "Traceback" not in err
+
+
+def test_module_entry_point():
+    proc = subprocess.run([sys.executable, "-m", "infer.main", "--tiny-random", "--prompt", "ab",
+                           "--max-new-tokens", "4", "--dtype", "float32"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ab") and "tokens/s" in proc.stderr
