@@ -1,0 +1,512 @@
+"""Autoregressive decode speed: our jitted decode loop vs HF PyTorch ``generate``, and the memory-bandwidth floor.
+
+    python -m infer.bench_decode --out DIR                       # on the GPU, about 5-6 minutes
+    python -m infer.bench_decode --out DIR --smoke               # tiny shapes on the CPU, seconds
+
+Model: Llama-3-8B shapes (32 layers, d 4096, 32/8 heads of 128, MLP 14336, vocab 128256, untied), random bf16
+weights, batch 1, a prompt of random tokens at each context length; greedy.
+
+Each framework runs in its own subprocess (``--worker``) so that its GPU memory is returned before the next
+starts (JAX preallocates 75% of the GPU): ``jax``, then ``hf`` (eager, sdpa), then ``hf_static`` (static cache +
+``torch.compile``, optional, cut off by its time budget). Workers append one JSON line per measurement to a
+results file, so a worker that fails or runs out of time still leaves what it measured.
+
+What is timed:
+  jax        the decode loop only: prefill once (own jit, XLA attention), then a jitted ``fori_loop`` of N calls of
+             ``infer.vanilla.decode_step`` (the step ``generate`` runs) with the KV cache donated; compile
+             excluded (one warm-up call), median of ``--reps`` calls. One cache capacity for all contexts, so
+             prefill and decode compile once; attention reads only the valid ``[0, length)`` prefix.
+  copy       device-to-device copy bandwidth: ``x + 1`` over a 1 GiB uint32 buffer, (read + write bytes) / time.
+  hf         ``model.generate(do_sample=False, min_new_tokens=max_new_tokens)``: time(N + 1 new tokens) -
+             time(1 new token), i.e. N decode steps without the prefill (which both calls do); one call of N + 1
+             and the best of two of 1, after a warm-up; wall time with ``torch.cuda.synchronize()`` around.
+  hf_static  the same with ``cache_implementation="static"`` (one cache size for all contexts), which makes
+             transformers ``torch.compile`` the decode step; the compile happens in an untimed warm-up call.
+  floor      (all weight bytes + K/V bytes at that context) / copy bandwidth, per token. ``floor_strict`` leaves
+             out the embedding table (only one row of it is read per token).
+Writes ``bench_decode.json`` (everything) and ``bench_decode.md`` (the table) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+                 num_kv_heads=8, head_dim=128, rope_theta=500000.0, rms_norm_eps=1e-5)
+TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+            head_dim=16, rope_theta=500000.0, rms_norm_eps=1e-5)
+PARTS = ("jax", "hf", "hf_static")
+# Seconds each worker may run at most (the overall --budget-s cuts further).
+PART_LIMITS = {"jax": 300.0, "hf": 200.0, "hf_static": 200.0}
+PREFILL_CHUNK = 512
+
+
+def log(msg: str) -> None:
+    print(f"[bench_decode {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m infer.bench_decode", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="output directory for bench_decode.json / .md")
+    p.add_argument("--contexts", default="1024,16384,32768", help="prompt lengths, comma-separated")
+    p.add_argument("--new-tokens", type=int, default=128, help="decode steps timed per run")
+    p.add_argument("--hf-new-tokens", type=int, default=0, help="decode steps for HF (0 = --new-tokens)")
+    p.add_argument("--reps", type=int, default=3, help="timed runs per context for jax (median)")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
+    p.add_argument("--impls", default="auto", help="attention impls for our decode (auto = Pallas on GPU); "
+                                                   "xla is added when every auto run fails")
+    p.add_argument("--budget-s", type=float, default=360.0, help="total wall-time budget of all workers")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (for tests)")
+    # internal
+    p.add_argument("--worker", choices=PARTS, help=argparse.SUPPRESS)
+    p.add_argument("--results", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    try:
+        args.context_list = [int(x) for x in args.contexts.split(",") if x]
+    except ValueError:
+        p.error(f"--contexts must be comma-separated integers, got {args.contexts!r}")
+    if not args.context_list or min(args.context_list) <= 0:
+        p.error("--contexts must list positive lengths")
+    if args.new_tokens <= 1:
+        p.error("--new-tokens must be > 1")
+    parts = [x for x in args.parts.split(",") if x]
+    bad = [x for x in parts if x not in PARTS]
+    if bad:
+        p.error(f"unknown --parts {bad}; choose from {','.join(PARTS)}")
+    args.part_list = parts
+    args.hf_new_tokens = args.hf_new_tokens or args.new_tokens
+    return args
+
+
+def shapes(args) -> dict:
+    return TINY if args.smoke else LLAMA3_8B
+
+
+def weight_bytes(s: dict, itemsize: int = 2) -> dict:
+    d, V, I, L = s["hidden_size"], s["vocab_size"], s["intermediate_size"], s["num_layers"]
+    H, K, hd = s["num_heads"], s["num_kv_heads"], s["head_dim"]
+    per_layer = d * (H + 2 * K) * hd + H * hd * d + 3 * d * I + 2 * d
+    total = V * d + d * V + L * per_layer + d
+    return dict(params=total, bytes=total * itemsize, embed_bytes=V * d * itemsize)
+
+
+def kv_bytes(s: dict, context: int, itemsize: int = 2) -> int:
+    return context * s["num_layers"] * s["num_kv_heads"] * s["head_dim"] * 2 * itemsize
+
+
+class Recorder:
+    """Appends one JSON object per line to the results file (survives a worker being killed)."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+
+    def __call__(self, **record) -> None:
+        log("result " + json.dumps(record))
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------------- jax worker
+
+def jax_worker(args, record: Recorder) -> None:
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from infer.generate import plan_shapes
+    from infer.vanilla import DecodeSettings, decode_step
+    from longspec_jax.attention import resolve_impl
+    from longspec_jax.config import RopeConfig, TargetConfig
+    from longspec_jax.kv_cache import init_cache
+    from longspec_jax.sampling import SamplingConfig
+    from longspec_jax.target import forward, init_target_params, lm_head_logits
+
+    s = shapes(args)
+    dev = jax.devices()[0]
+    record(kind="env", part="jax", device=str(getattr(dev, "device_kind", dev.platform)), backend=jax.default_backend(),
+           jax=jax.__version__, python=platform.python_version())
+
+    # -- copy bandwidth
+    try:
+        n = 2**12 if args.smoke else 2**28  # uint32: 1 GiB
+        x = jnp.zeros((n,), jnp.uint32)
+        bump = jax.jit(lambda a: a + jnp.uint32(1))
+        bump(x).block_until_ready()
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            y = x
+            for _ in range(10):
+                y = bump(y)
+            y.block_until_ready()
+            times.append((time.perf_counter() - t0) / 10)
+        t = statistics.median(times)
+        record(kind="copy", bytes=2 * x.nbytes, seconds=t, bytes_per_s=2 * x.nbytes / t)
+        del x, y
+    except Exception as e:  # noqa: BLE001 - report and go on
+        traceback.print_exc()
+        record(kind="copy", error=f"{type(e).__name__}: {e}"[:2000])
+
+    # -- model
+    max_ctx = max(args.context_list)
+    N = args.new_tokens
+    padded, chunk, _, capacity = plan_shapes(max_ctx, N, 1, PREFILL_CHUNK)
+    padded = -(-max_ctx // chunk) * chunk
+    config = TargetConfig(model_type="llama", vocab_size=s["vocab_size"], hidden_size=s["hidden_size"],
+                          intermediate_size=s["intermediate_size"], num_layers=s["num_layers"],
+                          num_heads=s["num_heads"], num_kv_heads=s["num_kv_heads"], head_dim=s["head_dim"],
+                          rms_norm_eps=s["rms_norm_eps"], rope=RopeConfig(theta=s["rope_theta"]),
+                          max_position_embeddings=capacity)
+    t0 = time.perf_counter()
+    params = init_target_params(config, jax.random.PRNGKey(0), dtype=jnp.bfloat16, std=0.02)
+    jax.block_until_ready(params)
+    nbytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
+    log(f"random bf16 params: {nbytes / 1e9:.2f} GB in {time.perf_counter() - t0:.1f} s; cache capacity "
+        f"{capacity}, prefill chunk {chunk}")
+    record(kind="model", part="jax", param_bytes=int(nbytes), capacity=capacity, init_s=time.perf_counter() - t0)
+
+    @functools.partial(jax.jit, static_argnames=("settings",), donate_argnames=("cache",))
+    def prefill_fn(params, tokens_1xT, length, cache, settings):
+        """Chunked causal prefill of ``length`` tokens (a traced count of chunks: one compile for all contexts)."""
+        c = settings.prefill_chunk
+        mask = jnp.tril(jnp.ones((c, c), bool))[None]
+
+        def body(i, carry):
+            cache, _ = carry
+            start = i * c
+            toks = jax.lax.dynamic_slice_in_dim(tokens_1xT, start, c, axis=1)
+            pos = (start + jnp.arange(c, dtype=jnp.int32))[None]
+            cache = cache.replace(lengths=jnp.full((1,), start, jnp.int32))
+            hidden, cache = forward(params, settings.config, toks, pos, cache, mask, impl=settings.impl)
+            last = jnp.clip(length - 1 - start, 0, c - 1)
+            return cache, jax.lax.dynamic_index_in_dim(hidden, last, axis=1, keepdims=False)
+
+        init = (cache, jnp.zeros((1, settings.config.hidden_size), params["embed"].dtype))
+        cache, last_hidden = jax.lax.fori_loop(0, (length + c - 1) // c, body, init)
+        logits = lm_head_logits(params, last_hidden[:, None])[:, 0]
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), cache.replace(lengths=jnp.full((1,), length))
+
+    @functools.partial(jax.jit, static_argnames=("settings", "steps"), donate_argnames=("cache",))
+    def decode_fn(params, cache, last_B, key, settings, steps):
+        """``steps`` greedy decode steps (``infer.vanilla.decode_step``), the cache updated in place."""
+        def body(i, carry):
+            cache, last, key, out = carry
+            key, sub = jax.random.split(key)
+            token, cache = decode_step(params, settings, cache, last, sub)
+            cache = cache.replace(lengths=cache.lengths + 1)
+            return cache, token, key, out.at[:, i].set(token)
+
+        out = jnp.zeros((last_B.shape[0], steps), jnp.int32)
+        cache, _, _, out = jax.lax.fori_loop(0, steps, body, (cache, last_B, key, out))
+        return out, cache
+
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, config.vocab_size, (1, padded)), jnp.int32)
+    # The prefill (not timed) always uses the XLA attention path: one compile, whatever decode impl is measured.
+    prefill_settings = DecodeSettings(config=config, sampling=SamplingConfig(), capacity=capacity,
+                                      prefill_chunk=chunk, out_len=N, prompt_len=padded, impl="xla")
+    impls = [x for x in args.impls.split(",") if x]
+    done_ok: dict[str, int] = {}
+    i = 0
+    while i < len(impls):
+        impl_name = impls[i]
+        i += 1
+        impl = resolve_impl(impl_name)
+        settings = DecodeSettings(config=config, sampling=SamplingConfig(), capacity=capacity, prefill_chunk=chunk,
+                                  out_len=N, prompt_len=padded, impl=impl)
+        cache = init_cache(config.num_layers, 1, capacity, config.num_kv_heads, config.head_dim, jnp.bfloat16)
+        done_ok[impl_name] = 0
+        for ctx in args.context_list:
+            try:
+                t0 = time.perf_counter()
+                first, cache = prefill_fn(params, tokens, jnp.int32(ctx), cache, settings=prefill_settings)
+                first.block_until_ready()
+                prefill_s = time.perf_counter() - t0
+                key = jax.random.PRNGKey(1)
+                t0 = time.perf_counter()
+                out, cache = decode_fn(params, cache, first, key, settings=settings, steps=N)
+                out.block_until_ready()
+                warm_s = time.perf_counter() - t0
+                times = []
+                for _ in range(args.reps):
+                    cache = cache.replace(lengths=jnp.full((1,), ctx, jnp.int32))
+                    t0 = time.perf_counter()
+                    again, cache = decode_fn(params, cache, first, key, settings=settings, steps=N)
+                    again.block_until_ready()
+                    times.append(time.perf_counter() - t0)
+                same = bool(np.array_equal(np.asarray(out), np.asarray(again)))
+                t = statistics.median(times)
+                record(kind="decode", part="jax", impl=impl_name, resolved_impl=impl, context=ctx, new_tokens=N,
+                       seconds=t, all_seconds=times, ms_per_token=1e3 * t / N, tokens_per_s=N / t,
+                       first_call_s=warm_s, prefill_s=prefill_s, repeat_identical=same)
+                done_ok[impl_name] += 1
+            except Exception as e:  # noqa: BLE001 - report and go on
+                traceback.print_exc()
+                record(kind="decode", part="jax", impl=impl_name, context=ctx, error=f"{type(e).__name__}: {e}"[:2000])
+                if done_ok[impl_name] == 0:
+                    log(f"impl {impl_name} failed at its first context: skipping its other contexts")
+                    break
+                cache = init_cache(config.num_layers, 1, capacity, config.num_kv_heads, config.head_dim,
+                                   jnp.bfloat16)
+        cache = None
+        if impl_name == "auto" and done_ok["auto"] == 0 and "xla" not in impls:
+            log("every auto run failed: measuring impl=xla instead")
+            impls.append("xla")
+
+
+# ------------------------------------------------------------------------------------------------------ hf workers
+
+def hf_worker(args, record: Recorder, static: bool) -> None:
+    import numpy as np
+    import torch
+    import transformers
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    part = "hf_static" if static else "hf"
+    s = shapes(args)
+    cuda = torch.cuda.is_available() and not args.smoke
+    device = torch.device("cuda" if cuda else "cpu")
+    record(kind="env", part=part, device=torch.cuda.get_device_name() if cuda else "cpu", torch=torch.__version__,
+           transformers=transformers.__version__)
+    N = args.hf_new_tokens
+    max_len = max(args.context_list) + N + 1
+    config = LlamaConfig(vocab_size=s["vocab_size"], hidden_size=s["hidden_size"],
+                         intermediate_size=s["intermediate_size"], num_hidden_layers=s["num_layers"],
+                         num_attention_heads=s["num_heads"], num_key_value_heads=s["num_kv_heads"],
+                         head_dim=s["head_dim"], rms_norm_eps=s["rms_norm_eps"], rope_theta=s["rope_theta"],
+                         max_position_embeddings=max(max_len, 8192), tie_word_embeddings=False,
+                         bos_token_id=None, eos_token_id=None, pad_token_id=0, attn_implementation="sdpa")
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device), torch.no_grad():
+            model = LlamaForCausalLM(config)  # random init directly on the device
+    finally:
+        torch.set_default_dtype(previous)
+    model = model.to(torch.bfloat16).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    if cuda:
+        torch.cuda.synchronize()
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    record(kind="model", part=part, param_bytes=int(nbytes), init_s=time.perf_counter() - t0,
+           attn_implementation=model.config._attn_implementation)
+
+    gen_kwargs: dict = {}
+    if static:
+        gen_kwargs["cache_implementation"] = "static"
+        if hasattr(GenerationConfig(), "max_cache_len"):
+            gen_kwargs["max_cache_len"] = max_len  # one cache (and one compiled graph) for every context
+        if args.smoke:
+            gen_kwargs["disable_compile"] = True  # CPU smoke: exercise the static path without compiling
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    def run(ids, n):
+        sync()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+                                 min_new_tokens=n, **gen_kwargs)
+        sync()
+        elapsed = time.perf_counter() - t0
+        if out.shape[1] != ids.shape[1] + n:
+            raise RuntimeError(f"generate returned {out.shape[1] - ids.shape[1]} new tokens, expected {n}")
+        return elapsed
+
+    rng = np.random.default_rng(0)
+    contexts = sorted(args.context_list)
+    try:  # warm-up (CUDA/cuBLAS init; for hf_static the torch.compile of the decode step)
+        ids = torch.as_tensor(rng.integers(0, s["vocab_size"], (1, contexts[0])), device=device)
+        warm = run(ids, min(8, N))
+        record(kind="warmup", part=part, context=contexts[0], new_tokens=min(8, N), seconds=warm)
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        record(kind="warmup", part=part, error=f"{type(e).__name__}: {e}"[:2000])
+        if static:
+            return
+    for ctx in args.context_list:
+        try:
+            ids = torch.as_tensor(rng.integers(0, s["vocab_size"], (1, ctx)), device=device)
+            t1 = min(run(ids, 1), run(ids, 1))  # prefill + 1 token: cheap, so the best of two
+            tn = run(ids, N + 1)
+            t = tn - t1
+            record(kind="decode", part=part, context=ctx, new_tokens=N, seconds=t, ms_per_token=1e3 * t / N,
+                   tokens_per_s=N / t, generate_1_s=t1, generate_n_plus_1_s=tn,
+                   peak_mem_gb=torch.cuda.max_memory_allocated() / 1e9 if cuda else None)
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            record(kind="decode", part=part, context=ctx, error=f"{type(e).__name__}: {e}"[:2000])
+            if cuda:
+                torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------------- orchestration
+
+def run_worker(args, part: str, results: Path, timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "infer.bench_decode", "--worker", part, "--results", str(results),
+           "--out", args.out, "--contexts", args.contexts, "--new-tokens", str(args.new_tokens),
+           "--hf-new-tokens", str(args.hf_new_tokens), "--reps", str(args.reps), "--impls", args.impls]
+    if args.smoke:
+        cmd.append("--smoke")
+    env = dict(os.environ)
+    if args.smoke:
+        env["JAX_PLATFORMS"] = "cpu"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    log(f"worker {part}: starting (time limit {timeout:.0f} s)")
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=env, timeout=timeout, cwd=Path(__file__).resolve().parents[1])
+        status = "ok" if proc.returncode == 0 else f"exit code {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        status = f"stopped after its {timeout:.0f} s limit"
+    elapsed = time.perf_counter() - t0
+    log(f"worker {part}: {status} in {elapsed:.1f} s")
+    return dict(part=part, status=status, seconds=elapsed)
+
+
+def read_results(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass  # a line cut off by a killed worker
+    return out
+
+
+def summarize(args, records: list[dict], workers: list[dict]) -> dict:
+    s = shapes(args)
+    w = weight_bytes(s)
+    copy = next((r for r in records if r.get("kind") == "copy" and "bytes_per_s" in r), None)
+    bw = copy["bytes_per_s"] if copy else None
+    rows = []
+    for ctx in args.context_list:
+        row = {"context": ctx, "weight_bytes": w["bytes"], "kv_bytes": kv_bytes(s, ctx)}
+        if bw:
+            row["floor_ms"] = 1e3 * (w["bytes"] + row["kv_bytes"]) / bw
+            row["floor_strict_ms"] = 1e3 * (w["bytes"] - w["embed_bytes"] + row["kv_bytes"]) / bw
+        for r in records:
+            if r.get("kind") != "decode" or r.get("context") != ctx:
+                continue
+            name = r["part"] if r["part"] != "jax" else f"jax_{r['impl']}"
+            row[name] = {k: r[k] for k in ("ms_per_token", "tokens_per_s", "error") if k in r}
+        rows.append(row)
+    return dict(
+        date=datetime.datetime.now().isoformat(timespec="seconds"), smoke=args.smoke, shapes=s,
+        weights=w, batch=1, new_tokens=args.new_tokens, hf_new_tokens=args.hf_new_tokens, reps=args.reps,
+        copy_bandwidth_bytes_per_s=bw, workers=workers, rows=rows, records=records,
+        command=" ".join(["python -m infer.bench_decode"] + sys.argv[1:]))
+
+
+def markdown(report: dict) -> str:
+    env = {r["part"]: r for r in report["records"] if r.get("kind") == "env"}
+    devices = sorted({str(r.get("device")) for r in env.values()})
+    versions = ", ".join(f"{k} {v}" for r in env.values() for k, v in r.items()
+                         if k in ("jax", "torch", "transformers"))
+    bw = report["copy_bandwidth_bytes_per_s"]
+    lines = [f"Decode benchmark, {report['date']}, device: {', '.join(devices)}; {versions}.",
+             "",
+             f"Shapes: {report['shapes']}; random bf16 weights ({report['weights']['bytes'] / 1e9:.2f} GB), "
+             f"batch 1, greedy, {report['new_tokens']} timed decode steps (HF: {report['hf_new_tokens']}).",
+             f"Copy bandwidth: {bw / 1e12:.3f} TB/s (read + write)." if bw else "Copy bandwidth: not measured.",
+             "",
+             "ms per generated token (tokens/s); ratios are ours / floor and HF / ours.",
+             ""]
+    jax_impls = sorted({k for row in report["rows"] for k in row if k.startswith("jax_")})
+    cols = jax_impls + [p for p in ("hf", "hf_static") if any(p in row for row in report["rows"])]
+    header = ["context", "floor"] + [c.replace("jax_", "ours ") for c in cols]
+    if jax_impls:
+        header += [f"{jax_impls[0].replace('jax_', 'ours ')} / floor"]
+        header += [f"{c} / ours" for c in cols if c.startswith("hf")]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "---|" * len(header))
+
+    def cell(entry):
+        if not entry:
+            return "-"
+        if "error" in entry:
+            return "error"
+        return f"{entry['ms_per_token']:.2f} ({entry['tokens_per_s']:.1f}/s)"
+
+    for row in report["rows"]:
+        cells = [str(row["context"]), f"{row['floor_ms']:.2f}" if "floor_ms" in row else "-"]
+        cells += [cell(row.get(c)) for c in cols]
+        if jax_impls:
+            ours = row.get(jax_impls[0]) or {}
+            ok = "ms_per_token" in ours
+            cells.append(f"{ours['ms_per_token'] / row['floor_ms']:.2f}x" if ok and "floor_ms" in row else "-")
+            for c in cols:
+                if c.startswith("hf"):
+                    other = row.get(c) or {}
+                    cells.append(f"{other['ms_per_token'] / ours['ms_per_token']:.2f}x"
+                                 if ok and "ms_per_token" in other else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "floor = (all weight bytes + K/V bytes at the context) / copy bandwidth; without the embedding "
+              "table (one row is read per token): " + ", ".join(
+                  f"{r['context']}: {r['floor_strict_ms']:.2f} ms" for r in report["rows"] if "floor_strict_ms" in r),
+              "", "Workers: " + "; ".join(f"{w['part']} {w['status']} ({w['seconds']:.0f} s)"
+                                          for w in report["workers"])]
+    errors = [r for r in report["records"] if "error" in r]
+    if errors:
+        lines += ["", "Errors:"] + [f"- {r.get('part', '')} {r.get('kind')} {r.get('context', '')}: "
+                                    f"{r['error'].splitlines()[0][:300]}" for r in errors]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> dict | None:
+    args = parse_args(argv)
+    if args.worker:
+        record = Recorder(args.results)
+        if args.worker == "jax":
+            jax_worker(args, record)
+        else:
+            hf_worker(args, record, static=args.worker == "hf_static")
+        return None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "bench_decode_records.jsonl"
+    results.unlink(missing_ok=True)
+    start = time.perf_counter()
+    workers = []
+    for part in args.part_list:
+        left = args.budget_s - (time.perf_counter() - start)
+        if left < 20:
+            log(f"worker {part}: skipped, {left:.0f} s of the budget left")
+            workers.append(dict(part=part, status="skipped (budget)", seconds=0.0))
+            continue
+        workers.append(run_worker(args, part, results, min(PART_LIMITS[part], left)))
+        report = summarize(args, read_results(results), workers)
+        (out / "bench_decode.json").write_text(json.dumps(report, indent=1))
+        (out / "bench_decode.md").write_text(markdown(report))
+    report = summarize(args, read_results(results), workers)
+    (out / "bench_decode.json").write_text(json.dumps(report, indent=1))
+    md = markdown(report)
+    (out / "bench_decode.md").write_text(md)
+    print(md, flush=True)
+    log(f"total {time.perf_counter() - start:.0f} s; wrote {out / 'bench_decode.json'} and {out / 'bench_decode.md'}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
