@@ -63,6 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--num-splits", type=int, default=0)
     p.add_argument("--num-warps", type=int, default=0)
     p.add_argument("--num-stages", type=int, default=0)
+    p.add_argument("--combine", default="pallas", choices=("pallas", "xla"), help="merge of the splits")
     # sweep grid
     p.add_argument("--sweep-length", type=int, default=32768)
     p.add_argument("--sweep-model", default="llama3-8b")
@@ -71,8 +72,11 @@ def parse_args(argv=None):
     p.add_argument("--sweep-splits-decode", default="0,32", help="0 = default_config")
     p.add_argument("--sweep-splits-tree", default="0,16")
     p.add_argument("--sweep-block-r-tree", default="64,128")
-    p.add_argument("--sweep-warps", default="4,8")
-    p.add_argument("--sweep-stages", default="2")
+    p.add_argument("--sweep-warps-decode", default="4")
+    p.add_argument("--sweep-warps-tree", default="4,8")
+    p.add_argument("--sweep-stages-decode", default="2,3")
+    p.add_argument("--sweep-stages-tree", default="2")
+    p.add_argument("--sweep-block-k-tree", default="64,128")
     p.add_argument("--target-s", type=float, default=0.12, help="timing seconds per measurement (approx.)")
     p.add_argument("--budget-s", type=float, default=200.0, help="stop starting new work after this")
     p.add_argument("--sweep-budget-s", type=float, default=50.0)
@@ -159,7 +163,7 @@ def num_buffers(bytes_per_set: int, smoke: bool) -> int:
 # ---------------------------------------------------------------------------------------------- functions
 
 def cache_kwargs(args) -> dict:
-    kw = {}
+    kw = {"combine": args.combine}
     for name in ("block_r", "block_k", "num_splits", "num_warps", "num_stages"):
         val = getattr(args, name)
         if val:
@@ -190,8 +194,8 @@ def build_fns(args, backend) -> dict:
         "xla": hybrid("xla"),
         "naive": hybrid("naive"),
         "cache": jax.jit(lambda q, kc, vc, L, kn, vn, m, q1: cache_attention(q, kc, vc, L, backend=backend, **ckw)),
-        "kernel": jax.jit(lambda q, kc, vc, L, kn, vn, m, q1: cache_attention_partials(q, kc, vc, L, backend=backend,
-                                                                                       **ckw)),
+        "kernel": jax.jit(lambda q, kc, vc, L, kn, vn, m, q1: cache_attention_partials(
+            q, kc, vc, L, backend=backend, **{k: v for k, v in ckw.items() if k != "combine"})),
         "tree": jax.jit(lambda q, kc, vc, L, kn, vn, m, q1: tree_attention(q, kn, vn, m, backend=backend)),
         "decode": jax.jit(lambda q, kc, vc, L, kn, vn, m, q1: cache_attention(q1, kc, vc, L, backend=backend,
                                                                               **ckw)),
@@ -308,33 +312,43 @@ def run_sweep(args, backend, copy_bw, t_start) -> list:
     sweep_start = time.perf_counter()
     for M in ((1,) if args.smoke else (1, args.new_tokens)):
         G = H // K
-        base = default_config(B, K, M, G, S)
+        base = default_config(B, K, M, G, S, head_dim=D, itemsize=jnp.dtype(dtype).itemsize)
         block_rs = [base["block_r"]] if M == 1 else _ints(args.sweep_block_r_tree)
         splits = _ints(args.sweep_splits_decode if M == 1 else args.sweep_splits_tree)
         if args.smoke:
             block_rs, splits = block_rs[:1], [0]
-        combos = [(br, bk, ns, nw, st) for br in block_rs for bk in _ints(args.sweep_block_k)[: 1 if args.smoke else None]
-                  for ns in splits for nw in _ints(args.sweep_warps)[: 1 if args.smoke else None]
-                  for st in _ints(args.sweep_stages)]
-        for br, bk, ns, nw, st in combos:
+        kind = "decode" if M == 1 else "tree"
+        block_ks = _ints(args.sweep_block_k if M == 1 else args.sweep_block_k_tree)
+        warps = _ints(getattr(args, f"sweep_warps_{kind}"))
+        stages = _ints(getattr(args, f"sweep_stages_{kind}"))
+        if args.smoke:
+            block_ks, warps, stages = block_ks[:1], warps[:1], stages[:1]
+        combos = [(br, bk, ns, nw, st, "pallas") for br in block_rs for bk in block_ks for ns in splits
+                  for nw in warps for st in stages]
+        if not args.smoke:  # the default config with the jnp merge of the splits, for comparison
+            combos.append((base["block_r"], base["block_k"], 0, base["num_warps"], base["num_stages"], "xla"))
+        for br, bk, ns, nw, st, comb in combos:
             if time.perf_counter() - sweep_start > args.sweep_budget_s or time.perf_counter() - t_start > args.budget_s:
                 log("  sweep budget used up; skipping the rest")
                 return results
-            cfg = dict(block_r=br, block_k=bk, num_splits=ns or None, num_warps=nw, num_stages=st)
-            label = f"M={M} block_r={br} block_k={bk} splits={ns or 'auto'} warps={nw} stages={st}"
+            cfg = dict(block_r=br, block_k=bk, num_splits=ns or None, num_warps=nw, num_stages=st, combine=comb)
+            label = (f"M={M} block_r={br} block_k={bk} splits={ns or base['num_splits']} warps={nw} stages={st} "
+                     f"combine={comb}")
             try:
                 fn = jax.jit(lambda q, kc, vc, L, _cfg=cfg: cache_attention(q, kc, vc, L, backend=backend, **_cfg))
                 sets = [(i["q"][:, :M], i["k_cache"], i["v_cache"], i["lengths"]) for i in inp_sets]
                 t = time_fn(fn, sets, target_s=args.target_s / 2)
                 bw = nbytes / t["median_s"]
-                results.append(dict(M=M, **cfg, us=t["median_s"] * 1e6, bytes_per_s=bw,
+                results.append(dict(M=M, **cfg, splits_used=ns or base["num_splits"], us=t["median_s"] * 1e6,
+                                    bytes_per_s=bw,
                                     frac_copy_bw=bw / copy_bw if copy_bw else None))
                 log(f"  {label}: {t['median_s'] * 1e6:8.1f} us  {bw / 1e12:.2f} TB/s"
                     + (f" ({100 * bw / copy_bw:.0f}% of copy)" if copy_bw else ""))
             except Exception as exc:
                 log(f"  {label}: FAILED {type(exc).__name__}: {exc}")
                 traceback.print_exc()
-                results.append(dict(M=M, **cfg, error=f"{type(exc).__name__}: {exc}"[:1000]))
+                results.append(dict(M=M, **cfg, splits_used=ns or base["num_splits"],
+                                    error=f"{type(exc).__name__}: {exc}"[:1000]))
     return results
 
 
@@ -447,13 +461,14 @@ def markdown(report: dict) -> str:
                   "cuDNN where it accepts the shape). % copy BW: K+V bytes of the valid cache / time vs the copy "
                   "bandwidth above.", ""]
     if report.get("sweep"):
-        lines += ["## cache_attention sweep", "", "| M | block_r | block_k | splits | warps | stages | us | % copy BW |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += ["## cache_attention sweep", "",
+                  "| M | block_r | block_k | splits | warps | stages | combine | us | % copy BW |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in report["sweep"]:
             us = f"{r['us']:.1f}" if "us" in r else r.get("error", "")[:80]
             frac = f"{100 * r['frac_copy_bw']:.0f}%" if r.get("frac_copy_bw") else "-"
-            lines.append(f"| {r['M']} | {r['block_r']} | {r['block_k']} | {r['num_splits'] or 'auto'} | "
-                         f"{r['num_warps']} | {r['num_stages']} | {us} | {frac} |")
+            lines.append(f"| {r['M']} | {r['block_r']} | {r['block_k']} | {r['splits_used']}{'' if r['num_splits'] else ' (auto)'} | "
+                         f"{r['num_warps']} | {r['num_stages']} | {r.get('combine', '')} | {us} | {frac} |")
         for M, best in report.get("sweep_best", {}).items():
             lines.append(f"\nBest for M={M}: {best}")
         lines.append("")
@@ -504,7 +519,8 @@ def main(argv=None) -> dict:
             ok = [r for r in report["sweep"] if r["M"] == M and "us" in r]
             if ok:
                 b = min(ok, key=lambda r: r["us"])
-                best[str(M)] = {k: b[k] for k in ("block_r", "block_k", "num_splits", "num_warps", "num_stages", "us")}
+                best[str(M)] = {k: b[k] for k in ("block_r", "block_k", "splits_used", "num_warps", "num_stages",
+                                                  "combine", "us")}
         report["sweep_best"] = best
         save()
     if "table" in sections:
