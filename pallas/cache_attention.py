@@ -109,8 +109,8 @@ def default_config(batch: int, kv_heads: int, num_queries: int, group: int, capa
 
     Rows: one row block when ``M * G <= 128`` (K/V read once), else 64-row blocks (adjacent programs share
     K/V tiles through L2). Keys: tiles of at most 32 KiB (128 bf16 rows of 128) so that K and V for
-    ``num_stages`` pipeline stages fit in shared memory. Splits: enough programs for ~2 waves of
-    ``num_sms`` SMs, capped so a chunk of a full cache keeps >= 2 key blocks.
+    ``num_stages`` pipeline stages fit in shared memory. Splits: about two programs per SM in all
+    (``2 * num_sms``), capped so that a chunk of a full cache keeps >= 2 key blocks, and at 64.
     """
     rows = num_queries * group
     block_r = next_pow2(rows) if rows <= 128 else 64

@@ -269,6 +269,7 @@ def test_kernels_lower_to_triton_ir(case):
     new, mask, lengths = sds((B, M, K, D), dtype), sds((B, M, M), jnp.bool_), sds((B,), jnp.int32)
     text = _triton_lowering_text(lambda *a: cache_attention(*a, backend="triton"), q, cache, cache, lengths)
     assert "xla.gpu.triton" in text and 'name = "cache_attention"' in text
+    assert 'name = "cache_attention_combine"' in text
     text = _triton_lowering_text(lambda *a: tree_attention(*a, backend="triton"), q, new, new, mask)
     assert "xla.gpu.triton" in text and 'name = "tree_attention"' in text
 
