@@ -68,7 +68,8 @@ def parse_args(argv=None):
     p.add_argument("--sweep-length", type=int, default=32768)
     p.add_argument("--sweep-model", default="llama3-8b")
     p.add_argument("--sweep-batch", type=int, default=1)
-    p.add_argument("--sweep-block-k", default="64,128,256")
+    p.add_argument("--sweep-block-k", default="32,64,128",
+                   help="M=1 key tiles (bf16 K+V tiles x stages must fit in 227 KB of shared memory)")
     p.add_argument("--sweep-splits-decode", default="0,8,16", help="0 = default_config")
     p.add_argument("--sweep-splits-tree", default="0,4,16")
     p.add_argument("--sweep-block-r-tree", default="64,128")
