@@ -26,7 +26,22 @@ from longspec_jax.draft import Draft, DraftConfig, DraftLayer
 from longspec_jax.kv_cache import KVCache, RingCache, write_rows
 from longspec_jax.sampling import select_tokens
 from longspec_jax.target import embed_tokens, forward, lm_head_logits
-from longspec_jax.tree import TreeSpec, accept, add_level_to_mask, expand_level
+from longspec_jax.tree import Acceptance, TreeSpec, accept, add_level_to_mask, expand_level
+
+
+@struct.dataclass
+class Tree:
+    tokens: jax.Array     # [B, N] int32, node 0 = root
+    parents: jax.Array    # [B, N] int32 (root: 0)
+    mask: jax.Array       # [B, N, N] bool ancestor-or-self
+    draft_logp: jax.Array  # [B, N, V] float32 draft log-probs after each node (0 for the last level, never run)
+
+
+def exact_acceptance(tree: Tree, target_logits_BxNxV, key, settings: "SpecSettings") -> Acceptance:
+    """The target's own choice after every node (argmax, or an independent draw from its sampling distribution
+    at T > 0), then the walk of :func:`longspec_jax.tree.accept`: lossless for any deterministic tree."""
+    choices = select_tokens(target_logits_BxNxV, key, settings.base.sampling)
+    return accept(tree.tokens, tree.parents, tree.mask, choices, settings.tree)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +51,7 @@ class SpecSettings:
     draft_config: DraftConfig
     draft_dtype: type
     logits_hook: Callable | None = None
+    acceptance: Callable = exact_acceptance  # (tree, target_logits, key, settings) -> Acceptance
 
     @property
     def module(self) -> DraftLayer:
@@ -59,13 +75,6 @@ class SpecState:
     progress: Progress
     accept_counts: jax.Array  # [B, A] int32: rounds that emitted j + 1 tokens
     key: jax.Array
-
-
-@struct.dataclass
-class Tree:
-    tokens: jax.Array   # [B, N] int32, node 0 = root
-    parents: jax.Array  # [B, N] int32 (root: 0)
-    mask: jax.Array     # [B, N, N] bool ancestor-or-self
 
 
 def draft_log_probs(settings: SpecSettings, draft_vars, target_params, cache: KVCache, ring: RingCache,
@@ -135,6 +144,7 @@ def build_tree(settings: SpecSettings, draft_vars, target_params, cache: KVCache
     parents = jnp.zeros((B, N), jnp.int32)
     scores = jnp.zeros((B, N), jnp.float32)
     mask = jnp.broadcast_to(jnp.eye(N, dtype=bool), (B, N, N))
+    draft_logp = jnp.zeros((B, N, logp_root_BxV.shape[-1]), jnp.float32).at[:, 0].set(logp_root_BxV)
     tree_k = jnp.zeros((B, N - 1, c.num_kv_heads, c.head_dim), settings.draft_dtype)
     tree_v = jnp.zeros_like(tree_k)
     root_pos = cache.lengths
@@ -156,20 +166,20 @@ def build_tree(settings: SpecSettings, draft_vars, target_params, cache: KVCache
         tree_v = tree_v.at[:, lvl.start - 1:lvl.stop - 1].set(vv)
         logp = draft_log_probs(settings, draft_vars, target_params, cache, ring, level_tokens, positions,
                                tree_k, tree_v, mask[:, lvl, 1:])
+        draft_logp = draft_logp.at[:, lvl].set(logp)
         level = expand_level(scores[:, lvl], logp, spec.shape[k])
         tokens, parents, scores, mask = add_level(k + 1, *level, tokens, parents, scores, mask, lvl.start)
-    return Tree(tokens=tokens, parents=parents, mask=mask)
+    return Tree(tokens=tokens, parents=parents, mask=mask, draft_logp=draft_logp)
 
 
-def verify(settings: SpecSettings, target_params, cache: KVCache, tree: Tree, key):
-    """One target forward over the whole tree with hybrid tree attention; returns the target's choice after
-    every node ``[B, N]`` (argmax, or an independent draw at T > 0) and the cache with the tree's K/V written
-    at slots ``lengths + node index``."""
+def verify(settings: SpecSettings, target_params, cache: KVCache, tree: Tree):
+    """One target forward over the whole tree with hybrid tree attention; returns the target's float32 logits
+    after every node ``[B, N, V]`` and the cache with the tree's K/V written at slots ``lengths + node index``."""
     depths = jnp.asarray(settings.tree.node_depths)
     positions = cache.lengths[:, None] + depths[None]
     hidden, cache = forward(target_params, settings.base.config, tree.tokens, positions, cache, tree.mask,
                             impl=settings.base.impl)
-    return select_tokens(lm_head_logits(target_params, hidden), key, settings.base.sampling), cache
+    return lm_head_logits(target_params, hidden), cache
 
 
 def commit(cache: KVCache, path_BxA, count_B, active_B) -> KVCache:
@@ -190,8 +200,8 @@ def spec_round(settings: SpecSettings, target_params, draft_vars, stop: StopCrit
     logp_root, ring = draft_root(settings, draft_vars, target_params, state)
     root = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)[:, 0]
     tree = build_tree(settings, draft_vars, target_params, state.cache, ring, root, logp_root)
-    choices, cache = verify(settings, target_params, state.cache, tree, verify_key)
-    accepted = accept(tree.tokens, tree.parents, tree.mask, choices, settings.tree)
+    target_logits, cache = verify(settings, target_params, state.cache, tree)
+    accepted = settings.acceptance(tree, target_logits, verify_key, settings)
     active = ~state.progress.done
     cache = commit(cache, accepted.path_BxA, accepted.count_B, active)
     progress = state.progress.emit(accepted.tokens_BxA, accepted.count_B, stop)
@@ -221,10 +231,10 @@ def _speculative_jit(target_params, draft_vars, tokens, lengths, stop, key, sett
     return speculative_generate(settings, target_params, draft_vars, tokens, lengths, stop, key)
 
 
-def speculative_generate_call(target, draft: Draft, prompts, max_new_tokens, stop, sampling, tree_shape, seed,
-                              prefill_chunk, impl):
-    """Host side of ``generate(..., draft=...)``: checks the pair, plans shapes, runs the jit, converts."""
-    from infer.generate import pad_prompts, plan_shapes, to_output
+def plan_speculative(target, draft: Draft, longest_prompt: int, max_new_tokens: int, sampling, tree_shape,
+                     prefill_chunk: int, impl: str) -> SpecSettings:
+    """Checks that the draft fits the target and plans the static shapes of one speculative generate call."""
+    from infer.generate import plan_shapes
 
     if not isinstance(draft, Draft):
         raise ValueError(f"draft must be a longspec_jax Draft (see load_draft), got {type(draft).__name__}")
@@ -236,14 +246,19 @@ def speculative_generate_call(target, draft: Draft, prompts, max_new_tokens, sto
                          f"{dc.head_dim}) does not match the target (hidden {config.hidden_size}, heads "
                          f"{config.num_heads}/{config.num_kv_heads}, head_dim {config.head_dim})")
     spec = TreeSpec.parse(tree_shape, config.vocab_size)
-    longest = max(len(p) for p in prompts)
-    padded, chunk, out_len, capacity = plan_shapes(longest, max_new_tokens, spec.num_nodes + spec.max_accept,
-                                                   prefill_chunk)
+    padded, chunk, out_len, capacity = plan_shapes(longest_prompt, max_new_tokens,
+                                                   spec.num_nodes + spec.max_accept, prefill_chunk)
     base = DecodeSettings(config=config, sampling=sampling, capacity=capacity, prefill_chunk=chunk,
-                          out_len=out_len, impl=impl)
-    settings = SpecSettings(base=base, tree=spec, draft_config=dc, draft_dtype=np.dtype(draft.param_dtype).type,
-                            logits_hook=draft.logits_hook)
-    tokens, lengths = pad_prompts(prompts, padded)
+                          out_len=out_len, prompt_len=padded, impl=impl)
+    return SpecSettings(base=base, tree=spec, draft_config=dc, draft_dtype=np.dtype(draft.param_dtype).type,
+                        logits_hook=draft.logits_hook)
+
+
+def run_speculative(settings: SpecSettings, target, draft: Draft, prompts, max_new_tokens: int, stop, seed: int):
+    """Runs the compiled speculative loop and converts its state to a ``GenerateOutput``."""
+    from infer.generate import pad_prompts, to_output
+
+    tokens, lengths = pad_prompts(prompts, settings.base.prompt_len)
     draft_vars = DraftWeights(variables=draft.variables, hook_data=draft.hook_data)
     state = _speculative_jit(target.params, draft_vars, tokens, lengths, stop, jax.random.PRNGKey(seed),
                              settings=settings)

@@ -21,7 +21,7 @@ __all__ = ["cache_attention_reference", "masked_attention_reference", "cache_att
 
 
 def cache_attention_blockwise(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, scale=None,
-                              block_size: int = 512):
+                              block_size: int = 128):
     """Same function as :func:`cache_attention_reference`, with memory bounded by ``block_size`` keys.
 
     Online softmax over key blocks; only the blocks below ``max(lengths)`` are visited.
