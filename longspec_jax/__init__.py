@@ -2,8 +2,10 @@
 
 from longspec_jax.checkpoint import load_target
 from longspec_jax.config import RopeConfig, TargetConfig
+from longspec_jax.draft import Draft, DraftConfig
+from longspec_jax.draft_io import load_draft, save_draft
 from longspec_jax.errors import ConfigError, LongSpecError, WeightsError
 from longspec_jax.target import Target
 
-__all__ = ["load_target", "Target", "TargetConfig", "RopeConfig", "LongSpecError", "ConfigError",
-           "WeightsError"]
+__all__ = ["load_target", "load_draft", "save_draft", "Target", "Draft", "DraftConfig", "TargetConfig",
+           "RopeConfig", "LongSpecError", "ConfigError", "WeightsError"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import jax.numpy as jnp
@@ -26,7 +27,10 @@ def load_target(path: str | os.PathLike, dtype=jnp.bfloat16, *, load_tokenizer: 
     unfused = read_tensors(source, target_tensor_specs(config), dtype, where=path, ignore=ignore,
                            expected_from=" from config.json")
     tokenizer = _load_tokenizer(path) if load_tokenizer else None
-    return Target(config=config, params=fuse_target_params(unfused, config), tokenizer=tokenizer)
+    with open(os.path.join(path, "config.json")) as f:
+        hf_config = json.load(f)
+    return Target(config=config, params=fuse_target_params(unfused, config), tokenizer=tokenizer,
+                  hf_config=hf_config)
 
 
 def _load_tokenizer(path: str):

@@ -27,11 +27,16 @@ from longspec_jax.rope import apply_rope, inverse_frequencies, rope_tables
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """A loaded target model: static config, parameter pytree, and optionally its tokenizer."""
+    """A loaded target model: static config, parameter pytree, and optionally its tokenizer.
+
+    ``hf_config`` is the raw dict of the HF ``config.json`` it was loaded from (``None`` for targets built in
+    memory); exported drafts carry it as their own ``config.json``, as the PyTorch LongSpec releases do.
+    """
 
     config: TargetConfig
     params: dict
     tokenizer: Any = None
+    hf_config: dict | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def dtype(self):

@@ -7,13 +7,16 @@ shape checks for targets and drafts.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Protocol
+from typing import TYPE_CHECKING, Iterable, Protocol
 
 import jax.numpy as jnp
 import numpy as np
 
 from longspec_jax.config import TargetConfig
 from longspec_jax.errors import WeightsError
+
+if TYPE_CHECKING:
+    from longspec_jax.draft import DraftConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +137,30 @@ def target_tensor_specs(config: TargetConfig) -> list[TensorSpec]:
         specs += linear_specs(f"{p}.self_attn.o_proj", path + ("o",), H * hd, d, config.o_bias)
         for proj, (fan_in, fan_out) in (("gate", (d, inter)), ("up", (d, inter)), ("down", (inter, d))):
             specs += linear_specs(f"{p}.mlp.{proj}_proj", path + (proj,), fan_in, fan_out, config.mlp_bias)
+    return specs
+
+
+def draft_tensor_specs(config: "DraftConfig") -> list[TensorSpec]:
+    """LongSpec draft checkpoint layout (reference.md 1.7: 20 unprefixed keys), mapped to the Flax variables of
+    :class:`longspec_jax.draft.DraftLayer` (``{"params": {"self_attn": {"q_proj": {"kernel", "bias"}}, ...}}``).
+
+    q/k/v projections of both attention blocks carry biases, o_proj none; MLP biases only when
+    ``config.mlp_bias`` (never for released drafts).
+    """
+    d, hd, inter = config.hidden_size, config.head_dim, config.intermediate_size
+    H, K = config.num_heads, config.num_kv_heads
+    root = ("params",)
+    specs = []
+    for norm, block in (("input_layernorm", "self_attn"), ("post_self_attention_layernorm", "cross_attn")):
+        specs.append(TensorSpec(f"{norm}.weight", root + (norm, "weight"), (d,)))
+        for proj, fan_out, bias in (("q_proj", H * hd, True), ("k_proj", K * hd, True), ("v_proj", K * hd, True),
+                                    ("o_proj", d, False)):
+            fan_in = H * hd if proj == "o_proj" else d
+            specs += linear_specs(f"{block}.{proj}", root + (block, proj), fan_in, fan_out, bias)
+    specs.append(TensorSpec("post_cross_attention_layernorm.weight",
+                            root + ("post_cross_attention_layernorm", "weight"), (d,)))
+    for proj, (fan_in, fan_out) in (("gate_proj", (d, inter)), ("up_proj", (d, inter)), ("down_proj", (inter, d))):
+        specs += linear_specs(f"mlp.{proj}", root + ("mlp", proj), fan_in, fan_out, config.mlp_bias)
     return specs
 
 
