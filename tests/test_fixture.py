@@ -28,6 +28,7 @@ def target_f32():
 def hf_model():
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(os.fspath(FIXTURE_DIR), dtype="float32").eval()
+    model.generation_config.eos_token_id = None  # fixed-length greedy comparison
     return model
 
 
