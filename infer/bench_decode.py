@@ -422,8 +422,8 @@ def summarize(args, records: list[dict], workers: list[dict]) -> dict:
 def markdown(report: dict) -> str:
     env = {r["part"]: r for r in report["records"] if r.get("kind") == "env"}
     devices = sorted({str(r.get("device")) for r in env.values()})
-    versions = ", ".join(f"{k} {v}" for r in env.values() for k, v in r.items()
-                         if k in ("jax", "torch", "transformers"))
+    versions = ", ".join(dict.fromkeys(f"{k} {v}" for r in env.values() for k, v in r.items()
+                                       if k in ("jax", "torch", "transformers")))
     bw = report["copy_bandwidth_bytes_per_s"]
     lines = [f"Decode benchmark, {report['date']}, device: {', '.join(devices)}; {versions}.",
              "",
