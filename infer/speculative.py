@@ -133,43 +133,66 @@ def draft_root(settings: SpecSettings, draft_vars, target_params, state: SpecSta
     return logp[:, 0], state.ring.write(k, v, positions, valid)
 
 
+@struct.dataclass
+class TreeBuilder:
+    """A tree during beam search: the nodes so far, their cumulative draft log-probs, and the draft's
+    self-attention K/V of the nodes it has run on (nodes 1..N-1; the root is in the ring)."""
+
+    tree: Tree
+    scores: jax.Array  # [B, N] float32
+    tree_k: jax.Array  # [B, N - 1, K, D]
+    tree_v: jax.Array
+
+
+def _add_level(spec: TreeSpec, builder: TreeBuilder, k: int, parents_local, tokens, scores,
+               parent_start: int) -> TreeBuilder:
+    lvl = spec.level(k)
+    parents = parent_start + parents_local
+    t = builder.tree
+    tree = t.replace(tokens=t.tokens.at[:, lvl].set(tokens), parents=t.parents.at[:, lvl].set(parents),
+                     mask=add_level_to_mask(t.mask, parents, lvl.start))
+    return builder.replace(tree=tree, scores=builder.scores.at[:, lvl].set(scores))
+
+
+def start_tree(settings: SpecSettings, root_B, logp_root_BxV) -> TreeBuilder:
+    """The root and level 1: the draft's top-c1 tokens after the root."""
+    spec, c = settings.tree, settings.draft_config
+    B, N = root_B.shape[0], spec.num_nodes
+    tree = Tree(tokens=jnp.zeros((B, N), jnp.int32).at[:, 0].set(root_B), parents=jnp.zeros((B, N), jnp.int32),
+                mask=jnp.broadcast_to(jnp.eye(N, dtype=bool), (B, N, N)),
+                draft_logp=jnp.zeros((B, N, logp_root_BxV.shape[-1]), jnp.float32).at[:, 0].set(logp_root_BxV))
+    tree_k = jnp.zeros((B, N - 1, c.num_kv_heads, c.head_dim), settings.draft_dtype)
+    builder = TreeBuilder(tree=tree, scores=jnp.zeros((B, N), jnp.float32), tree_k=tree_k,
+                          tree_v=jnp.zeros_like(tree_k))
+    level = expand_level(jnp.zeros((B, 1), jnp.float32), logp_root_BxV[:, None], spec.shape[0])
+    return _add_level(spec, builder, 1, *level, parent_start=0)
+
+
+def grow_tree(settings: SpecSettings, draft_vars, target_params, cache: KVCache, ring: RingCache,
+              builder: TreeBuilder, k: int) -> TreeBuilder:
+    """Runs the draft on level k (all its nodes at once) and adds level k+1: the global top-c_{k+1} of
+    (cumulative log-prob + child log-prob) over all children of level k."""
+    spec = settings.tree
+    lvl = spec.level(k)
+    tokens = builder.tree.tokens[:, lvl]
+    positions = jnp.broadcast_to(cache.lengths[:, None] + k, tokens.shape)
+    kk, vv = draft_self_kv(settings, draft_vars, target_params, tokens, positions)
+    builder = builder.replace(tree_k=builder.tree_k.at[:, lvl.start - 1:lvl.stop - 1].set(kk),
+                              tree_v=builder.tree_v.at[:, lvl.start - 1:lvl.stop - 1].set(vv))
+    logp = draft_log_probs(settings, draft_vars, target_params, cache, ring, tokens, positions, builder.tree_k,
+                           builder.tree_v, builder.tree.mask[:, lvl, 1:])
+    builder = builder.replace(tree=builder.tree.replace(draft_logp=builder.tree.draft_logp.at[:, lvl].set(logp)))
+    level = expand_level(builder.scores[:, lvl], logp, spec.shape[k])
+    return _add_level(spec, builder, k + 1, *level, parent_start=lvl.start)
+
+
 def build_tree(settings: SpecSettings, draft_vars, target_params, cache: KVCache, ring: RingCache,
                root_B, logp_root_BxV) -> Tree:
-    """Dynamic beam search: level k+1 = global top-c_{k+1} of (cumulative log-prob + child log-prob) over the
-    children of level k; the draft runs once per level on all its nodes (levels 1..G-1)."""
-    spec = settings.tree
-    B, N = root_B.shape[0], spec.num_nodes
-    c = settings.draft_config
-    tokens = jnp.zeros((B, N), jnp.int32).at[:, 0].set(root_B)
-    parents = jnp.zeros((B, N), jnp.int32)
-    scores = jnp.zeros((B, N), jnp.float32)
-    mask = jnp.broadcast_to(jnp.eye(N, dtype=bool), (B, N, N))
-    draft_logp = jnp.zeros((B, N, logp_root_BxV.shape[-1]), jnp.float32).at[:, 0].set(logp_root_BxV)
-    tree_k = jnp.zeros((B, N - 1, c.num_kv_heads, c.head_dim), settings.draft_dtype)
-    tree_v = jnp.zeros_like(tree_k)
-    root_pos = cache.lengths
-
-    def add_level(k, parents_local, level_tokens, level_scores, tokens, parents, scores, mask, parent_start):
-        lvl = spec.level(k)
-        par = parent_start + parents_local
-        return (tokens.at[:, lvl].set(level_tokens), parents.at[:, lvl].set(par),
-                scores.at[:, lvl].set(level_scores), add_level_to_mask(mask, par, lvl.start))
-
-    level = expand_level(jnp.zeros((B, 1), jnp.float32), logp_root_BxV[:, None], spec.shape[0])
-    tokens, parents, scores, mask = add_level(1, *level, tokens, parents, scores, mask, 0)
-    for k in range(1, spec.depth):
-        lvl = spec.level(k)
-        level_tokens = tokens[:, lvl]
-        positions = jnp.broadcast_to(root_pos[:, None] + k, level_tokens.shape)
-        kk, vv = draft_self_kv(settings, draft_vars, target_params, level_tokens, positions)
-        tree_k = tree_k.at[:, lvl.start - 1:lvl.stop - 1].set(kk)
-        tree_v = tree_v.at[:, lvl.start - 1:lvl.stop - 1].set(vv)
-        logp = draft_log_probs(settings, draft_vars, target_params, cache, ring, level_tokens, positions,
-                               tree_k, tree_v, mask[:, lvl, 1:])
-        draft_logp = draft_logp.at[:, lvl].set(logp)
-        level = expand_level(scores[:, lvl], logp, spec.shape[k])
-        tokens, parents, scores, mask = add_level(k + 1, *level, tokens, parents, scores, mask, lvl.start)
-    return Tree(tokens=tokens, parents=parents, mask=mask, draft_logp=draft_logp)
+    """Dynamic beam search over ``settings.tree.shape``; the draft runs once per level 1..G-1."""
+    builder = start_tree(settings, root_B, logp_root_BxV)
+    for k in range(1, settings.tree.depth):
+        builder = grow_tree(settings, draft_vars, target_params, cache, ring, builder, k)
+    return builder.tree
 
 
 def verify(settings: SpecSettings, target_params, cache: KVCache, tree: Tree):
@@ -213,17 +236,29 @@ def spec_round(settings: SpecSettings, target_params, draft_vars, stop: StopCrit
                      progress=progress, accept_counts=state.accept_counts + counted, key=key)
 
 
-def speculative_generate(settings: SpecSettings, target_params, draft_vars, tokens_BxT, prompt_lengths_B,
-                         stop: StopCriteria, key) -> SpecState:
+def speculative_start(settings: SpecSettings, target_params, draft_vars, tokens_BxT, prompt_lengths_B,
+                      stop: StopCriteria, key) -> SpecState:
+    """Target prefill (first token) and draft prefill (ring cache): the state before the first round."""
     first, cache, key = prefill_and_first_token(target_params, settings.base, tokens_BxT, prompt_lengths_B, key)
     ring = draft_prefill(settings, draft_vars, target_params, tokens_BxT, prompt_lengths_B)
     B, A = first.shape[0], settings.tree.max_accept
-    state = SpecState(cache=cache, ring=ring, pending=jnp.zeros((B, A), jnp.int32).at[:, 0].set(first),
-                      num_pending=jnp.ones((B,), jnp.int32),
-                      progress=Progress.start(first, settings.base.out_len, stop),
-                      accept_counts=jnp.zeros((B, A), jnp.int32), key=key)
+    return SpecState(cache=cache, ring=ring, pending=jnp.zeros((B, A), jnp.int32).at[:, 0].set(first),
+                     num_pending=jnp.ones((B,), jnp.int32),
+                     progress=Progress.start(first, settings.base.out_len, stop),
+                     accept_counts=jnp.zeros((B, A), jnp.int32), key=key)
+
+
+def speculative_loop(settings: SpecSettings, target_params, draft_vars, stop: StopCriteria,
+                     state: SpecState) -> SpecState:
+    """Rounds until every sequence is done."""
     return jax.lax.while_loop(lambda s: ~jnp.all(s.progress.done),
                               functools.partial(spec_round, settings, target_params, draft_vars, stop), state)
+
+
+def speculative_generate(settings: SpecSettings, target_params, draft_vars, tokens_BxT, prompt_lengths_B,
+                         stop: StopCriteria, key) -> SpecState:
+    state = speculative_start(settings, target_params, draft_vars, tokens_BxT, prompt_lengths_B, stop, key)
+    return speculative_loop(settings, target_params, draft_vars, stop, state)
 
 
 @functools.partial(jax.jit, static_argnames=("settings",))

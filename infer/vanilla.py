@@ -101,14 +101,11 @@ def decode_step(params, settings: DecodeSettings, cache: KVCache, last_B: jax.Ar
     return select_tokens(lm_head_logits(params, hidden)[:, 0], key, settings.sampling), cache
 
 
-def vanilla_generate(params, settings: DecodeSettings, tokens_BxT, prompt_lengths_B, stop: StopCriteria,
-                     key, on_tokens=None) -> Progress:
-    """``on_tokens(tokens_B, emitted_B)``, when given, is called on the host (ordered ``io_callback``) with each
-    step's tokens and which rows emitted them; ``None`` (the default) adds no host callback to the loop."""
-    first, cache, key = prefill_and_first_token(params, settings, tokens_BxT, prompt_lengths_B, key)
-    progress = Progress.start(first, settings.out_len, stop)
-    if on_tokens is not None:
-        io_callback(on_tokens, None, first, jnp.ones(first.shape, bool), ordered=True)
+def vanilla_loop(params, settings: DecodeSettings, stop: StopCriteria, progress: Progress, cache: KVCache,
+                 last_B: jax.Array, key: jax.Array, on_tokens=None) -> Progress:
+    """One target forward per token until every sequence is done. ``on_tokens(tokens_B, emitted_B)``, when
+    given, is called on the host (ordered ``io_callback``) with each step's tokens and which rows emitted them;
+    ``None`` (the default) adds no host callback to the loop."""
 
     def cond(carry):
         return ~jnp.all(carry[0].done)
@@ -124,5 +121,13 @@ def vanilla_generate(params, settings: DecodeSettings, tokens_BxT, prompt_length
             io_callback(on_tokens, None, token, new_progress.num_generated > progress.num_generated, ordered=True)
         return new_progress, cache, jnp.where(active, token, last), key
 
-    progress, *_ = jax.lax.while_loop(cond, body, (progress, cache, first, key))
-    return progress
+    return jax.lax.while_loop(cond, body, (progress, cache, last_B, key))[0]
+
+
+def vanilla_generate(params, settings: DecodeSettings, tokens_BxT, prompt_lengths_B, stop: StopCriteria,
+                     key, on_tokens=None) -> Progress:
+    first, cache, key = prefill_and_first_token(params, settings, tokens_BxT, prompt_lengths_B, key)
+    progress = Progress.start(first, settings.out_len, stop)
+    if on_tokens is not None:
+        io_callback(on_tokens, None, first, jnp.ones(first.shape, bool), ordered=True)
+    return vanilla_loop(params, settings, stop, progress, cache, first, key, on_tokens)
