@@ -13,6 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 MAX_TREE_NODES = 512
 
@@ -95,7 +96,7 @@ def add_level_to_mask(mask_BxNxN: jax.Array, parents_BxW: jax.Array, start: int)
     return jax.lax.dynamic_update_slice_in_dim(mask_BxNxN, parent_rows | own, start, axis=1)
 
 
-@dataclasses.dataclass(frozen=True)
+@struct.dataclass
 class Acceptance:
     path_BxA: jax.Array    # node indices of the accepted path by depth (root first); padded with the last node
     count_B: jax.Array     # tokens emitted this round = accepted nodes (root included) = depth(last) + 1

@@ -1,0 +1,376 @@
+"""Speculative decoding on the H200: per-round phase times, end-to-end tokens/s and tau, draft-state bytes.
+
+    python -m infer.bench_spec --out DIR --fixture FIXTURE_DIR --pad-script pad_model.py   # GPU, ~8 min
+    python -m infer.bench_spec --out DIR --smoke                                           # CPU, tiny, seconds
+
+Model pair: the code-LM fixture padded by ``pad_model.py`` to Llama-3-8B-like cost (hidden 4608, MLP 14336,
+32 layers, 72/18 heads of 64: 8.19 B parameters) computing the small model's function, and a LongSpec draft for
+it (a randomly initialised small draft, padded by ``pad_model.py --draft``: 304 M parameters). The random draft
+predicts poorly, so acceptance is also measured with the same draft steered by an oracle (the target's own
+greedy continuation, exact or wrong at every 4th position) through ``Draft.logits_hook``: the draft still
+runs in full, only its logits are replaced.
+
+Prompt: source files of the dev-split repos (pygments, pyparsing, mpmath) concatenated, cut to each context.
+Timings: jitted functions, compile excluded, ``block_until_ready``; phase times are medians over repeated calls
+from the same post-prefill state (cache donated and chained where a phase writes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from infer.generate import pad_prompts
+from infer.speculative import (SpecSettings, DraftWeights, commit, draft_prefill, draft_root, exact_acceptance,
+                               grow_tree, plan_speculative, spec_round, speculative_loop, speculative_start,
+                               start_tree, verify, Tree)
+from infer.vanilla import Progress, StopCriteria, decode_step, prefill_and_first_token, vanilla_loop
+from longspec_jax.kv_cache import KVCache, write_rows
+from longspec_jax.sampling import SamplingConfig
+from longspec_jax.tree import TreeSpec
+
+PAD_ARGS = ["--hidden-size", "4608", "--intermediate-size", "14336", "--num-layers", "32", "--num-heads", "72",
+            "--num-kv-heads", "18"]
+DEV_REPOS = ("pygments", "pyparsing", "mpmath")
+TREE = (4, 16, 16, 16, 16)
+
+
+def log(msg: str) -> None:
+    print(f"[bench_spec {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def timeit(fn, args, reps: int, chain=None):
+    """Median seconds of ``fn(*args)`` after a warm-up call, and the last output; ``chain(out) -> args`` feeds
+    each output back as the next call's arguments (for donated buffers)."""
+    out = fn(*args)
+    jax.block_until_ready(out)
+    times = []
+    for _ in range(reps):
+        if chain is not None:
+            args = chain(out)
+        t0 = time.perf_counter()
+        out = fn(*args)
+        jax.block_until_ready(out)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def time_loop(start, loop, reps: int):
+    """Median seconds of ``loop(start())`` over ``reps`` runs (``start`` untimed), after one warm-up run."""
+    times = []
+    for i in range(reps + 1):
+        state = start()
+        jax.block_until_ready(state)
+        t0 = time.perf_counter()
+        state = loop(state)
+        jax.block_until_ready(state)
+        if i:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times), state
+
+
+# --------------------------------------------------------------------------------------------------- models
+
+def build_padded_pair(fixture: str, pad_script: str, work: str):
+    """Pads the fixture and a random small draft to 8B-like cost (reuses WORK if already built)."""
+    from longspec_jax import load_target, save_draft
+    from longspec_jax.draft import DraftConfig, init_draft
+
+    big, small_draft, big_draft = (os.path.join(work, n) for n in ("big", "small_draft", "big_draft"))
+    if not os.path.isfile(os.path.join(big_draft, "model.safetensors")):
+        os.makedirs(work, exist_ok=True)
+        small = load_target(fixture, dtype=jnp.float32, load_tokenizer=False)
+        draft = init_draft(DraftConfig.from_target(small.config), jax.random.PRNGKey(0))
+        save_draft(draft, small_draft, format="hf", target=small)
+        for cmd in ([sys.executable, pad_script, fixture, big, "--overwrite", *PAD_ARGS],
+                    [sys.executable, pad_script, "--draft", small_draft, big, big_draft, "--overwrite"]):
+            t0 = time.perf_counter()
+            subprocess.run(cmd, check=True)
+            log(f"{os.path.basename(pad_script)} {'--draft ' if '--draft' in cmd else ''}took "
+                f"{time.perf_counter() - t0:.0f} s")
+    return big, big_draft
+
+
+def dev_prompt_tokens(tokenizer, count: int) -> list[int]:
+    """The dev-split repos' source, concatenated in sorted path order with corpus-style header lines."""
+    ids: list[int] = []
+    for repo in DEV_REPOS:
+        try:
+            module = __import__(repo)
+        except ImportError:
+            continue
+        root = os.path.dirname(module.__file__)
+        for path in sorted(glob.glob(os.path.join(root, "**", "*.py"), recursive=True)):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f"# {repo}/{os.path.relpath(path, root)}\n{f.read()}\n"
+            ids.extend(tokenizer(text)["input_ids"])
+            if len(ids) >= count:
+                return ids[:count]
+    raise RuntimeError(f"only {len(ids)} tokens of dev-split source found")
+
+
+def oracle_hook(logits_BxTxV, positions_BxT, next_token_BxS):
+    favoured = jnp.take_along_axis(next_token_BxS, positions_BxT, axis=1)
+    return logits_BxTxV + 1e4 * jax.nn.one_hot(favoured, logits_BxTxV.shape[-1], dtype=logits_BxTxV.dtype)
+
+
+def oracle_table(prompt, continuation, slots: int, vocab: int, wrong_every: int) -> np.ndarray:
+    seq = list(prompt) + [int(t) for t in continuation if t >= 0]
+    table = np.zeros((1, slots), np.int32)
+    table[0, :len(seq) - 1] = seq[1:]
+    if wrong_every:
+        table[0, wrong_every - 1::wrong_every] = (table[0, wrong_every - 1::wrong_every] + 1) % vocab
+    return table
+
+
+# ------------------------------------------------------------------------------------------------ benchmark
+
+def last_layer_commit(cache: KVCache, path_BxA, count_B, active_B) -> KVCache:
+    """The reference's alternative: compact only the last layer (the others recompute next round)."""
+    root = cache.lengths
+    src = (root[:, None] + path_BxA)[:, :, None, None]
+    k, v = list(cache.k), list(cache.v)
+    k[-1] = write_rows(k[-1], jnp.take_along_axis(k[-1], src, axis=1), root)
+    v[-1] = write_rows(v[-1], jnp.take_along_axis(v[-1], src, axis=1), root)
+    return cache.replace(k=tuple(k), v=tuple(v), lengths=jnp.where(active_B, root + count_B, root))
+
+
+def recompute_settings(settings: SpecSettings, B: int) -> tuple[SpecSettings, Tree]:
+    """Settings and a tree with A = depth + 1 more nodes: what the last-layer scheme verifies each round
+    (the accepted tokens again). Only shapes matter for timing."""
+    shape = settings.tree.shape
+    spec = TreeSpec(shape[:-1] + (shape[-1] + settings.tree.max_accept,))
+    N, V = spec.num_nodes, settings.base.config.vocab_size
+    tree = Tree(tokens=jnp.zeros((B, N), jnp.int32), parents=jnp.zeros((B, N), jnp.int32),
+                mask=jnp.broadcast_to(jnp.tril(jnp.ones((N, N), bool)), (B, N, N)),
+                draft_logp=jnp.zeros((B, N, V), jnp.float32))
+    return dataclasses.replace(settings, tree=spec), tree
+
+
+def run(args) -> dict:
+    from longspec_jax import load_draft, load_target
+
+    results: dict = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
+                     "jax": jax.__version__, "tree_shape": list(TREE), "contexts": {}}
+    t0 = time.perf_counter()
+    if args.smoke:
+        from tests.spec_helpers import random_draft, tiny_target
+        target, draft = tiny_target(0), random_draft(1)
+        prompt_stream = list(np.random.default_rng(0).integers(0, target.config.vocab_size, max(args.contexts)))
+        impl = "xla"
+    else:
+        big, big_draft = build_padded_pair(args.fixture, args.pad_script, args.work)
+        target = load_target(big, dtype=jnp.bfloat16)
+        draft = load_draft(big_draft, target)
+        prompt_stream = dev_prompt_tokens(target.tokenizer, max(args.contexts))
+        impl = "auto"
+    results["load_s"] = time.perf_counter() - t0
+    tparams = target.params
+    cfg = target.config
+    weight_bytes = sum(x.nbytes for x in jax.tree.leaves(tparams))
+    draft_bytes = sum(x.nbytes for x in jax.tree.leaves(draft.variables))
+    results.update(target_param_bytes=int(weight_bytes), draft_param_bytes=int(draft_bytes))
+    log(f"target {weight_bytes / 1e9:.2f} GB, draft {draft_bytes / 1e9:.3f} GB, loaded in {results['load_s']:.0f} s")
+
+    N_new = args.new_tokens
+    greedy = SamplingConfig()
+    # One settings object (capacity and padded prompt for the longest context) serves every context: one compile.
+    settings = plan_speculative(target, draft, max(args.contexts), N_new, greedy, TREE, 512, impl)
+    base = settings.base
+    stop = StopCriteria.make(N_new, [])
+    key = jax.random.PRNGKey(0)
+    dvars = DraftWeights(variables=draft.variables)
+
+    vanilla_start = jax.jit(lambda p, t, l, k: prefill_and_first_token(p, base, t, l, k))
+    vanilla_run = jax.jit(lambda p, pr, c, last, k: vanilla_loop(p, base, stop, pr, c, last, k), donate_argnums=2)
+    step = jax.jit(lambda p, c, last, k: decode_step(p, base, c, last, k), donate_argnums=1)
+
+    def spec_fns(s: SpecSettings):
+        start = jax.jit(lambda p, d, t, l, k: speculative_start(s, p, d, t, l, stop, k))
+        loop = jax.jit(lambda p, d, st: speculative_loop(s, p, d, stop, st), donate_argnums=2)
+        return start, loop
+
+    real_fns = spec_fns(settings)
+    oracle_settings = dataclasses.replace(settings, logits_hook=oracle_hook)
+    oracle_fns = spec_fns(oracle_settings)
+
+    for ctx in args.contexts:
+        row: dict = {}
+        results["contexts"][ctx] = row
+        prompt = prompt_stream[:ctx]
+        tokens, lengths = pad_prompts([np.asarray(prompt, np.int32)], base.prompt_len)
+        try:
+            # -- plain decoding: the baseline, and the greedy continuation the oracle replays
+            def start():
+                first, cache, k = vanilla_start(tparams, tokens, lengths, key)
+                return Progress.start(first, base.out_len, stop), cache, first, k
+
+            sec, progress = time_loop(start, lambda st: vanilla_run(tparams, *st), args.reps)
+            greedy_tokens = np.asarray(progress.tokens)[0, :N_new]
+            rounds = int(progress.num_rounds[0])
+            row["vanilla"] = dict(seconds=sec, decode_steps=rounds, tokens_per_s=rounds / sec)
+            first, cache, k = vanilla_start(tparams, tokens, lengths, key)
+            row["decode_step_s"], out = timeit(step, (tparams, cache, first, k), args.phase_reps,
+                                               chain=lambda out: (tparams, out[1], out[0], k))
+            del cache, out
+            log(f"ctx {ctx}: vanilla {row['vanilla']['tokens_per_s']:.1f} tok/s, step {row['decode_step_s']*1e3:.2f} ms")
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            row["vanilla_error"] = f"{type(e).__name__}: {e}"[:1500]
+            continue
+
+        slots = base.capacity + 64
+        kinds = {"random_draft": (real_fns, dvars),
+                 "oracle_exact": (oracle_fns, DraftWeights(draft.variables, jnp.asarray(
+                     oracle_table(prompt, greedy_tokens, slots, cfg.vocab_size, 0)))),
+                 "oracle_wrong_every_4th": (oracle_fns, DraftWeights(draft.variables, jnp.asarray(
+                     oracle_table(prompt, greedy_tokens, slots, cfg.vocab_size, 4))))}
+        for name, ((start_fn, loop_fn), weights) in kinds.items():
+            try:
+                sec, state = time_loop(lambda: start_fn(tparams, weights, tokens, lengths, key),
+                                       lambda st: loop_fn(tparams, weights, st), args.reps)
+                gen = int(state.progress.num_generated[0])
+                rounds = int(state.progress.num_rounds[0])
+                out = np.asarray(state.progress.tokens)[0, :N_new]
+                mismatch = np.nonzero(out != greedy_tokens)[0]
+                row[name] = dict(seconds=sec, rounds=rounds, generated=gen, tau=gen / (rounds + 1),
+                                 tokens_per_s=(gen - 1) / sec,
+                                 speedup=((gen - 1) / sec) / row["vanilla"]["tokens_per_s"],
+                                 accept_counts=np.asarray(state.accept_counts)[0].tolist(),
+                                 first_mismatch_vs_greedy=int(mismatch[0]) if mismatch.size else None)
+                del state
+                log(f"ctx {ctx}: {name} tau {row[name]['tau']:.2f}, {row[name]['tokens_per_s']:.1f} tok/s "
+                    f"({row[name]['speedup']:.2f}x), first mismatch {row[name]['first_mismatch_vs_greedy']}")
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:1500]
+        if ctx in args.phase_contexts:
+            try:
+                row["phases"] = phase_times(settings, tparams, dvars, tokens, lengths, stop, key, args.phase_reps,
+                                            real_fns[0])
+                log(f"ctx {ctx}: phases " + ", ".join(f"{k} {v*1e3:.2f} ms" for k, v in row["phases"].items()))
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                row["phases_error"] = f"{type(e).__name__}: {e}"[:1500]
+        write_outputs(args.out, results)
+
+    try:
+        results["draft_state_bytes"] = draft_state_bytes(settings, tparams, dvars, prompt_stream, args.smoke)
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        results["draft_state_error"] = f"{type(e).__name__}: {e}"[:1500]
+    return results
+
+
+def phase_times(settings: SpecSettings, tparams, dvars, tokens, lengths, stop, key, reps, start_fn) -> dict:
+    """Each phase of one round, timed alone from the post-prefill state."""
+    spec = settings.tree
+    state = start_fn(tparams, dvars, tokens, lengths, key)
+    B = tokens.shape[0]
+    phases: dict = {}
+    root_fn = jax.jit(lambda d, st: draft_root(settings, d, tparams, st))
+    phases["draft_step0"], (logp_root, ring) = timeit(root_fn, (dvars, state), reps)
+    root = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)[:, 0]
+    start_tree_fn = jax.jit(lambda r, lp: start_tree(settings, r, lp))
+    phases["tree_level1_topk"], builder = timeit(start_tree_fn, (root, logp_root), reps)
+    for k in range(1, spec.depth):
+        grow = jax.jit(functools.partial(lambda k, d, c, rg, b: grow_tree(settings, d, tparams, c, rg, b, k), k))
+        phases[f"tree_level{k + 1}"], builder = timeit(grow, (dvars, state.cache, ring, builder), reps)
+    tree = builder.tree
+    cache = state.cache
+    del state
+    verify_fn = jax.jit(lambda c, t: verify(settings, tparams, c, t), donate_argnums=0)
+    phases["verify"], (logits, cache) = timeit(verify_fn, (cache, tree), reps, chain=lambda out: (out[1], tree))
+    alt_settings, alt_tree = recompute_settings(settings, B)
+    alt_verify = jax.jit(lambda c, t: verify(alt_settings, tparams, c, t)[1], donate_argnums=0)
+    phases["verify_with_recompute"], cache = timeit(alt_verify, (cache, alt_tree), reps,
+                                                    chain=lambda out: (out, alt_tree))
+    accept_fn = jax.jit(lambda t, lg, k: exact_acceptance(t, lg, k, settings))
+    phases["accept"], acc = timeit(accept_fn, (tree, logits, key), reps)
+    inactive = jnp.zeros((B,), bool)  # commit without advancing the lengths, so calls can be chained
+    for name, fn in (("commit_all_layers", commit), ("commit_last_layer", last_layer_commit)):
+        commit_fn = jax.jit(lambda c, p, n, a, fn=fn: fn(c, p, n, a), donate_argnums=0)
+        phases[name], cache = timeit(commit_fn, (cache, acc.path_BxA, acc.count_B, inactive), reps,
+                                     chain=lambda out: (out, acc.path_BxA, acc.count_B, inactive))
+    del cache, logits
+    state = start_fn(tparams, dvars, tokens, lengths, key)
+    round_fn = jax.jit(lambda d, st: spec_round(settings, tparams, d, stop, st), donate_argnums=1)
+    phases["full_round"], state = timeit(round_fn, (dvars, state), reps, chain=lambda out: (dvars, out))
+    return phases
+
+
+def draft_state_bytes(settings: SpecSettings, tparams, dvars, prompt_stream, smoke: bool) -> dict:
+    """The draft's ring cache after prefilling a 4k and a 64k prompt: equal by construction."""
+    out = {}
+    for ctx in ((64, 256) if smoke else (4096, 65536)):
+        reps = -(-ctx // len(prompt_stream))
+        prompt = np.asarray((list(prompt_stream) * reps)[:ctx], np.int32)[None]
+        ring = jax.jit(lambda t, l: draft_prefill(settings, dvars, tparams, t, l))(jnp.asarray(prompt),
+                                                                                    jnp.asarray([ctx], jnp.int32))
+        out[str(ctx)] = dict(ring_bytes=int(ring.nbytes()), ring_slots=int(ring.pos.shape[1]),
+                             target_kv_bytes=int(ctx * settings.base.config.num_layers * 2 *
+                                                 settings.base.config.num_kv_heads * settings.base.config.head_dim *
+                                                 jnp.dtype(tparams["embed"].dtype).itemsize))
+    return out
+
+
+def write_outputs(out_dir: str, results: dict) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "bench_spec.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    lines = ["| context | vanilla tok/s | draft | tau | tok/s | speedup | first mismatch |", "|---|---|---|---|---|---|---|"]
+    for ctx, row in results["contexts"].items():
+        for name in ("random_draft", "oracle_exact", "oracle_wrong_every_4th"):
+            if name in row and "vanilla" in row:
+                r = row[name]
+                lines.append(f"| {ctx} | {row['vanilla']['tokens_per_s']:.1f} | {name} | {r['tau']:.2f} | "
+                             f"{r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | {r['first_mismatch_vs_greedy']} |")
+    for ctx, row in results["contexts"].items():
+        if "phases" in row:
+            lines.append(f"\nPhases at {ctx} (ms): plain decode step {row['decode_step_s'] * 1e3:.2f}; " +
+                         ", ".join(f"{k} {v * 1e3:.2f}" for k, v in row["phases"].items()))
+    with open(os.path.join(out_dir, "bench_spec.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m infer.bench_spec", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--fixture", help="the small code-LM fixture directory")
+    p.add_argument("--pad-script", help="path of the fixture's pad_model.py")
+    p.add_argument("--work", default="/tmp/longspec_bench", help="where the padded pair is written (reused)")
+    p.add_argument("--contexts", default="16384,32768")
+    p.add_argument("--phase-contexts", default="16384,32768")
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--phase-reps", type=int, default=10)
+    p.add_argument("--smoke", action="store_true", help="tiny random pair on the CPU")
+    args = p.parse_args(argv)
+    args.contexts = [int(x) for x in args.contexts.split(",") if x]
+    args.phase_contexts = [int(x) for x in args.phase_contexts.split(",") if x]
+    if not args.smoke and not (args.fixture and args.pad_script):
+        p.error("--fixture and --pad-script are required (or --smoke)")
+    results = run(args)
+    write_outputs(args.out, results)
+    with open(os.path.join(args.out, "bench_spec.md")) as f:
+        print(f.read())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
