@@ -38,7 +38,7 @@ from infer.generate import pad_prompts
 from infer.speculative import (SpecSettings, DraftWeights, commit, draft_prefill, draft_root, exact_acceptance,
                                grow_tree, plan_speculative, spec_round, speculative_loop, speculative_start,
                                start_tree, verify, Tree)
-from infer.vanilla import Progress, StopCriteria, decode_step, prefill_and_first_token, vanilla_loop
+from infer.vanilla import Progress, StopCriteria, prefill_and_first_token, vanilla_loop
 from longspec_jax.kv_cache import KVCache, write_rows
 from longspec_jax.sampling import SamplingConfig
 from longspec_jax.tree import TreeSpec
@@ -197,7 +197,6 @@ def run(args) -> dict:
 
     vanilla_start = jax.jit(lambda p, t, l, k: prefill_and_first_token(p, base, t, l, k))
     vanilla_run = jax.jit(lambda p, pr, c, last, k: vanilla_loop(p, base, stop, pr, c, last, k), donate_argnums=2)
-    step = jax.jit(lambda p, c, last, k: decode_step(p, base, c, last, k), donate_argnums=1)
 
     def spec_fns(s: SpecSettings):
         start = jax.jit(lambda p, d, t, l, k: speculative_start(s, p, d, t, l, stop, k))
@@ -209,6 +208,9 @@ def run(args) -> dict:
     oracle_fns = spec_fns(oracle_settings)
 
     for ctx in args.contexts:
+        if time.perf_counter() - t0 > args.budget_s:
+            log(f"budget of {args.budget_s:.0f} s spent: skipping context {ctx}")
+            break
         row: dict = {}
         results["contexts"][ctx] = row
         prompt = prompt_stream[:ctx]
@@ -223,18 +225,23 @@ def run(args) -> dict:
             greedy_tokens = np.asarray(progress.tokens)[0, :N_new]
             rounds = int(progress.num_rounds[0])
             row["vanilla"] = dict(seconds=sec, decode_steps=rounds, tokens_per_s=rounds / sec)
-            first, cache, k = vanilla_start(tparams, tokens, lengths, key)
-            row["decode_step_s"], out = timeit(step, (tparams, cache, first, k), args.phase_reps,
-                                               chain=lambda out: (tparams, out[1], out[0], k))
-            del cache, out
+            row["decode_step_s"] = sec / rounds  # one plain decode step, inside the jitted loop
             log(f"ctx {ctx}: vanilla {row['vanilla']['tokens_per_s']:.1f} tok/s, step {row['decode_step_s']*1e3:.2f} ms")
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
             row["vanilla_error"] = f"{type(e).__name__}: {e}"[:1500]
             continue
 
+        if ctx in args.phase_contexts and time.perf_counter() - t0 < args.budget_s:
+            try:
+                row["phases"] = phase_times(settings, tparams, dvars, tokens, lengths, stop, key, args.phase_reps,
+                                            real_fns[0])
+                log(f"ctx {ctx}: phases " + ", ".join(f"{k} {v*1e3:.2f} ms" for k, v in row["phases"].items()))
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                row["phases_error"] = f"{type(e).__name__}: {e}"[:1500]
         slots = base.capacity + 64
-        kinds = {"random_draft": (real_fns, dvars),
+        kinds = {} if ctx not in args.e2e_contexts else {"random_draft": (real_fns, dvars),
                  "oracle_exact": (oracle_fns, DraftWeights(draft.variables, jnp.asarray(
                      oracle_table(prompt, greedy_tokens, slots, cfg.vocab_size, 0)))),
                  "oracle_wrong_every_4th": (oracle_fns, DraftWeights(draft.variables, jnp.asarray(
@@ -258,14 +265,6 @@ def run(args) -> dict:
             except Exception as e:  # noqa: BLE001
                 traceback.print_exc()
                 row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:1500]
-        if ctx in args.phase_contexts:
-            try:
-                row["phases"] = phase_times(settings, tparams, dvars, tokens, lengths, stop, key, args.phase_reps,
-                                            real_fns[0])
-                log(f"ctx {ctx}: phases " + ", ".join(f"{k} {v*1e3:.2f} ms" for k, v in row["phases"].items()))
-            except Exception as e:  # noqa: BLE001
-                traceback.print_exc()
-                row["phases_error"] = f"{type(e).__name__}: {e}"[:1500]
         write_outputs(args.out, results)
 
     try:
@@ -282,23 +281,25 @@ def phase_times(settings: SpecSettings, tparams, dvars, tokens, lengths, stop, k
     state = start_fn(tparams, dvars, tokens, lengths, key)
     B = tokens.shape[0]
     phases: dict = {}
-    root_fn = jax.jit(lambda d, st: draft_root(settings, d, tparams, st))
-    phases["draft_step0"], (logp_root, ring) = timeit(root_fn, (dvars, state), reps)
+    # Parameters are arguments, never closed over: a closure would make 16 GB of weights compile-time constants.
+    root_fn = jax.jit(lambda p, d, st: draft_root(settings, d, p, st))
+    phases["draft_step0"], (logp_root, ring) = timeit(root_fn, (tparams, dvars, state), reps)
     root = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)[:, 0]
     start_tree_fn = jax.jit(lambda r, lp: start_tree(settings, r, lp))
     phases["tree_level1_topk"], builder = timeit(start_tree_fn, (root, logp_root), reps)
     for k in range(1, spec.depth):
-        grow = jax.jit(functools.partial(lambda k, d, c, rg, b: grow_tree(settings, d, tparams, c, rg, b, k), k))
-        phases[f"tree_level{k + 1}"], builder = timeit(grow, (dvars, state.cache, ring, builder), reps)
+        grow = jax.jit(functools.partial(lambda k, p, d, c, rg, b: grow_tree(settings, d, p, c, rg, b, k), k))
+        phases[f"tree_level{k + 1}"], builder = timeit(grow, (tparams, dvars, state.cache, ring, builder), reps)
     tree = builder.tree
     cache = state.cache
     del state
-    verify_fn = jax.jit(lambda c, t: verify(settings, tparams, c, t), donate_argnums=0)
-    phases["verify"], (logits, cache) = timeit(verify_fn, (cache, tree), reps, chain=lambda out: (out[1], tree))
+    verify_fn = jax.jit(lambda p, c, t: verify(settings, p, c, t), donate_argnums=1)
+    phases["verify"], (logits, cache) = timeit(verify_fn, (tparams, cache, tree), reps,
+                                               chain=lambda out: (tparams, out[1], tree))
     alt_settings, alt_tree = recompute_settings(settings, B)
-    alt_verify = jax.jit(lambda c, t: verify(alt_settings, tparams, c, t)[1], donate_argnums=0)
-    phases["verify_with_recompute"], cache = timeit(alt_verify, (cache, alt_tree), reps,
-                                                    chain=lambda out: (out, alt_tree))
+    alt_verify = jax.jit(lambda p, c, t: verify(alt_settings, p, c, t)[1], donate_argnums=1)
+    phases["verify_with_recompute"], cache = timeit(alt_verify, (tparams, cache, alt_tree), reps,
+                                                    chain=lambda out: (tparams, out, alt_tree))
     accept_fn = jax.jit(lambda t, lg, k: exact_acceptance(t, lg, k, settings))
     phases["accept"], acc = timeit(accept_fn, (tree, logits, key), reps)
     inactive = jnp.zeros((B,), bool)  # commit without advancing the lengths, so calls can be chained
@@ -308,8 +309,9 @@ def phase_times(settings: SpecSettings, tparams, dvars, tokens, lengths, stop, k
                                      chain=lambda out: (out, acc.path_BxA, acc.count_B, inactive))
     del cache, logits
     state = start_fn(tparams, dvars, tokens, lengths, key)
-    round_fn = jax.jit(lambda d, st: spec_round(settings, tparams, d, stop, st), donate_argnums=1)
-    phases["full_round"], state = timeit(round_fn, (dvars, state), reps, chain=lambda out: (dvars, out))
+    round_fn = jax.jit(lambda p, d, st: spec_round(settings, p, d, stop, st), donate_argnums=2)
+    phases["full_round"], state = timeit(round_fn, (tparams, dvars, state), reps,
+                                         chain=lambda out: (tparams, dvars, out))
     return phases
 
 
@@ -319,8 +321,8 @@ def draft_state_bytes(settings: SpecSettings, tparams, dvars, prompt_stream, smo
     for ctx in ((64, 256) if smoke else (4096, 65536)):
         reps = -(-ctx // len(prompt_stream))
         prompt = np.asarray((list(prompt_stream) * reps)[:ctx], np.int32)[None]
-        ring = jax.jit(lambda t, l: draft_prefill(settings, dvars, tparams, t, l))(jnp.asarray(prompt),
-                                                                                    jnp.asarray([ctx], jnp.int32))
+        ring = jax.jit(lambda p, d, t, l: draft_prefill(settings, d, p, t, l))(
+            tparams, dvars, jnp.asarray(prompt), jnp.asarray([ctx], jnp.int32))
         out[str(ctx)] = dict(ring_bytes=int(ring.nbytes()), ring_slots=int(ring.pos.shape[1]),
                              target_kv_bytes=int(ctx * settings.base.config.num_layers * 2 *
                                                  settings.base.config.num_kv_heads * settings.base.config.head_dim *
@@ -356,13 +358,16 @@ def main(argv=None) -> int:
     p.add_argument("--work", default="/tmp/longspec_bench", help="where the padded pair is written (reused)")
     p.add_argument("--contexts", default="16384,32768")
     p.add_argument("--phase-contexts", default="16384,32768")
+    p.add_argument("--e2e-contexts", default="16384,32768", help="contexts of the speculative tokens/s runs")
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--phase-reps", type=int, default=10)
+    p.add_argument("--budget-s", type=float, default=1e9, help="start no new context or phase set after this")
     p.add_argument("--smoke", action="store_true", help="tiny random pair on the CPU")
     args = p.parse_args(argv)
     args.contexts = [int(x) for x in args.contexts.split(",") if x]
     args.phase_contexts = [int(x) for x in args.phase_contexts.split(",") if x]
+    args.e2e_contexts = [int(x) for x in args.e2e_contexts.split(",") if x]
     if not args.smoke and not (args.fixture and args.pad_script):
         p.error("--fixture and --pad-script are required (or --smoke)")
     results = run(args)
