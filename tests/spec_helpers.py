@@ -31,14 +31,14 @@ def oracle_hook(logits_BxTxV, positions_BxT, next_token_BxS):
 
 
 def oracle_draft(base: Draft, prompts, continuations, wrong_every: int = 0, phase: int = 0,
-                 vocab_size: int = TINY.vocab_size) -> Draft:
+                 vocab_size: int = TINY.vocab_size, slots: int = ORACLE_SLOTS) -> Draft:
     """A draft that predicts the given continuation (the target's own greedy output), wrong at every
     ``wrong_every``-th position when > 0, so acceptance lengths vary."""
-    table = np.zeros((len(prompts), ORACLE_SLOTS), np.int32)
+    table = np.zeros((len(prompts), slots), np.int32)
     for b, (prompt, cont) in enumerate(zip(prompts, continuations)):
         sequence = list(prompt) + [int(t) for t in cont if t >= 0]
         table[b, :len(sequence) - 1] = sequence[1:]
         if wrong_every:
-            wrong = (np.arange(ORACLE_SLOTS) + phase) % wrong_every == 0
+            wrong = (np.arange(slots) + phase) % wrong_every == 0
             table[b, wrong] = (table[b, wrong] + 1) % vocab_size
     return Draft(base.config, base.variables, logits_hook=oracle_hook, hook_data=jnp.asarray(table))
