@@ -11,8 +11,9 @@ greedy continuation, exact or wrong at every 4th position) through ``Draft.logit
 runs in full, only its logits are replaced.
 
 Prompt: source files of the dev-split repos (pygments, pyparsing, mpmath) concatenated, cut to each context.
-Timings: jitted functions, compile excluded, ``block_until_ready``; phase times are medians over repeated calls
-from the same post-prefill state (cache donated and chained where a phase writes it).
+Timings: jitted functions, compile excluded, ``block_until_ready``. Generation loops: median over runs. Phases:
+each phase repeated ``--phase-reps`` times inside one jitted ``fori_loop`` from the post-prefill state (carries
+such as the KV cache updated in place), so no per-call dispatch or cache copy is counted.
 """
 
 from __future__ import annotations
@@ -275,43 +276,78 @@ def run(args) -> dict:
     return results
 
 
+def loop_time(step, carry, consts, reps: int) -> tuple[float, object]:
+    """Seconds per ``carry = step(carry, *consts)``, repeated ``reps`` times inside one jitted ``fori_loop``
+    (no per-call dispatch; the carry, e.g. a KV cache, is donated and updated in place). Every step reads the
+    carry, so nothing can be hoisted out of the loop. Returns the time and the final carry."""
+    run = jax.jit(lambda c, *k: jax.lax.fori_loop(0, reps, lambda i, x: step(x, *k), c), donate_argnums=0)
+    carry = run(carry, *consts)  # compile + warm-up
+    jax.block_until_ready(carry)
+    t0 = time.perf_counter()
+    carry = run(carry, *consts)
+    jax.block_until_ready(carry)
+    return (time.perf_counter() - t0) / reps, carry
+
+
 def phase_times(settings: SpecSettings, tparams, dvars, tokens, lengths, stop, key, reps, start_fn) -> dict:
-    """Each phase of one round, timed alone from the post-prefill state."""
+    """Each phase of one round, repeated inside a jitted loop from the post-prefill state.
+
+    Parameters are passed as arguments, never closed over (a closure would make the weights compile-time
+    constants)."""
     spec = settings.tree
-    state = start_fn(tparams, dvars, tokens, lengths, key)
     B = tokens.shape[0]
     phases: dict = {}
-    # Parameters are arguments, never closed over: a closure would make 16 GB of weights compile-time constants.
-    root_fn = jax.jit(lambda p, d, st: draft_root(settings, d, p, st))
-    phases["draft_step0"], (logp_root, ring) = timeit(root_fn, (tparams, dvars, state), reps)
+    state = start_fn(tparams, dvars, tokens, lengths, key)
     root = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)[:, 0]
-    start_tree_fn = jax.jit(lambda r, lp: start_tree(settings, r, lp))
-    phases["tree_level1_topk"], builder = timeit(start_tree_fn, (root, logp_root), reps)
+
+    def step0(carry, p, d):
+        st, _ = carry
+        logp, ring = draft_root(settings, d, p, st)
+        return st.replace(ring=ring), logp
+
+    logp0 = jnp.zeros((B, settings.base.config.vocab_size), jnp.float32)
+    phases["draft_step0"], (state, logp_root) = loop_time(step0, (state, logp0), (tparams, dvars), reps)
+
+    def level1(builder, r, lp):
+        # reads the carry so the loop cannot hoist it: a zero that XLA cannot fold away
+        return start_tree(settings, r, lp + builder.scores[:, :1] * 1e-30)
+
+    builder = start_tree(settings, root, logp_root)
+    phases["tree_level1_topk"], builder = loop_time(level1, builder, (root, logp_root), reps)
     for k in range(1, spec.depth):
-        grow = jax.jit(functools.partial(lambda k, p, d, c, rg, b: grow_tree(settings, d, p, c, rg, b, k), k))
-        phases[f"tree_level{k + 1}"], builder = timeit(grow, (tparams, dvars, state.cache, ring, builder), reps)
+        grow = functools.partial(lambda k, b, p, d, c, rg: grow_tree(settings, d, p, c, rg, b, k), k)
+        # growing level k again only rewrites level k + 1: the final carry is the grown tree
+        phases[f"tree_level{k + 1}"], builder = loop_time(grow, builder, (tparams, dvars, state.cache, state.ring),
+                                                          reps)
     tree = builder.tree
     cache = state.cache
     del state
-    verify_fn = jax.jit(lambda p, c, t: verify(settings, p, c, t), donate_argnums=1)
-    phases["verify"], (logits, cache) = timeit(verify_fn, (tparams, cache, tree), reps,
-                                               chain=lambda out: (tparams, out[1], tree))
+
+    def verify_step(carry, p, t, s=settings):
+        logits, cache = verify(s, p, carry[1], t)
+        return logits, cache
+
+    V = settings.base.config.vocab_size
+    zeros = jnp.zeros((B, spec.num_nodes, V), jnp.float32)
+    phases["verify"], (logits, cache) = loop_time(verify_step, (zeros, cache), (tparams, tree), reps)
     alt_settings, alt_tree = recompute_settings(settings, B)
-    alt_verify = jax.jit(lambda p, c, t: verify(alt_settings, p, c, t)[1], donate_argnums=1)
-    phases["verify_with_recompute"], cache = timeit(alt_verify, (tparams, cache, alt_tree), reps,
-                                                    chain=lambda out: (tparams, out, alt_tree))
-    accept_fn = jax.jit(lambda t, lg, k: exact_acceptance(t, lg, k, settings))
-    phases["accept"], acc = timeit(accept_fn, (tree, logits, key), reps)
-    inactive = jnp.zeros((B,), bool)  # commit without advancing the lengths, so calls can be chained
+    alt_zeros = jnp.zeros((B, alt_settings.tree.num_nodes, V), jnp.float32)
+    phases["verify_with_recompute"], (_, cache) = loop_time(
+        functools.partial(verify_step, s=alt_settings), (alt_zeros, cache), (tparams, alt_tree), reps)
+    acc = exact_acceptance(tree, logits, key, settings)
+
+    def accept_step(acc_carry, t, lg, k):
+        return exact_acceptance(t, lg + acc_carry.count_B[:, None, None] * 1e-30, k, settings)
+
+    phases["accept"], acc = loop_time(accept_step, acc, (tree, logits, key), reps)
+    inactive = jnp.zeros((B,), bool)  # commit without advancing the lengths, so it can repeat
     for name, fn in (("commit_all_layers", commit), ("commit_last_layer", last_layer_commit)):
-        commit_fn = jax.jit(lambda c, p, n, a, fn=fn: fn(c, p, n, a), donate_argnums=0)
-        phases[name], cache = timeit(commit_fn, (cache, acc.path_BxA, acc.count_B, inactive), reps,
-                                     chain=lambda out: (out, acc.path_BxA, acc.count_B, inactive))
+        phases[name], cache = loop_time(lambda c, path, n, a, fn=fn: fn(c, path, n, a), cache,
+                                        (acc.path_BxA, acc.count_B, inactive), reps)
     del cache, logits
     state = start_fn(tparams, dvars, tokens, lengths, key)
-    round_fn = jax.jit(lambda p, d, st: spec_round(settings, p, d, stop, st), donate_argnums=2)
-    phases["full_round"], state = timeit(round_fn, (tparams, dvars, state), reps,
-                                         chain=lambda out: (tparams, dvars, out))
+    phases["full_round"], state = loop_time(lambda st, p, d: spec_round(settings, p, d, stop, st), state,
+                                            (tparams, dvars), reps)
     return phases
 
 
