@@ -169,15 +169,6 @@ def _load(args, dtype):
     return target, tokenizer, path
 
 
-def _load_draft(path: str, target):
-    import longspec_jax
-
-    if not hasattr(longspec_jax, "load_draft"):
-        raise ValueError("--draft: speculative decoding from the CLI is not available yet "
-                         "(longspec_jax.load_draft is not implemented in this version)")
-    return longspec_jax.load_draft(path, target)
-
-
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -192,11 +183,12 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
 
     from infer.generate import generate
+    from longspec_jax import load_draft
 
     dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}[args.dtype]
     try:
         target, tokenizer, where = _load(args, dtype)
-        draft = _load_draft(args.draft, target) if args.draft else None
+        draft = load_draft(args.draft, target) if args.draft else None
         ids = list(tokenizer.encode(prompt))
         if not ids:
             raise ValueError("the prompt is empty (it encodes to 0 tokens)")

@@ -118,6 +118,24 @@ def test_draft_gives_a_clear_message(capsys, tmp_path):
     assert "Traceback" not in err
 
 
+def test_draft_gives_the_same_text_as_plain_decoding(capsys, tmp_path):
+    import jax
+    import jax.numpy as jnp
+
+    from longspec_jax import save_draft
+    from longspec_jax.draft import DraftConfig, init_draft
+
+    target, _ = cli.tiny_random_target(jnp.float32)
+    draft = init_draft(DraftConfig.from_target(target.config), jax.random.PRNGKey(1))
+    save_draft(draft, tmp_path / "draft", format="hf", target=target)
+    argv = ["--tiny-random", "--dtype", "float32", "--prompt", "def f(", "--max-new-tokens", "16", "--ignore-eos"]
+    code, plain, _ = run_cli(capsys, *argv)
+    assert code == 0
+    code, spec, err = run_cli(capsys, *argv, "--draft", str(tmp_path / "draft"), "--tree-shape", "2,2,2")
+    assert code == 0, err
+    assert spec == plain and "mean accepted (tau)" in err
+
+
 def test_module_entry_point():
     proc = subprocess.run([sys.executable, "-m", "infer.main", "--tiny-random", "--prompt", "ab",
                            "--max-new-tokens", "4", "--dtype", "float32"],
