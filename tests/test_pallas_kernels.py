@@ -277,20 +277,30 @@ def test_kernels_lower_to_triton_ir(case):
 # ------------------------------------------------------------------------------------------------ benchmark
 
 def test_bench_attention_smoke(tmp_path):
-    """The GPU benchmark script runs end to end on tiny shapes (interpret mode) and writes its report."""
+    """The GPU benchmark script runs end to end on tiny shapes (interpret mode) and writes its report: every op
+    timed inside a jitted loop (with the empty-loop overhead measured), K/V sets rotated, default sweep row."""
     import json
 
     from infer.bench_attention import main
     report = main(["--smoke", "--out", str(tmp_path)])
     assert report["checks"] and all(c["ok"] for c in report["checks"]), report["checks"]
-    assert report["copy"]["bytes_per_s"] > 0
+    assert report["copy"]["bytes_per_s"] > 0 and report["copy"]["dispatch"]["bytes_per_s"] > 0
     assert report["sweep"] and all("us" in r for r in report["sweep"]), report["sweep"]
+    assert [r["default"] for r in report["sweep"]][0] is True  # the current default_config comes first
     (row,) = report["table"]
     assert not row["errors"], row["errors"]
-    assert set(row["us"]) == {"pallas", "xla", "naive", "cache", "kernel", "tree", "decode", "dpa"}
+    names = {"pallas", "xla", "naive", "cache", "kernel", "tree", "decode", "dpa"}
+    assert set(row["us"]) == set(row["raw_us"]) == set(row["overhead_us"]) == names
+    assert all(row["overhead_us"][k] > 0 and row["raw_us"][k] > 0 for k in names)
+    assert all(abs(row["us"][k] - (row["raw_us"][k] - row["overhead_us"][k])) < 1e-6 for k in names)
+    assert row["l2"]["rotate"] == 2 and row["loop"]["cache"]["steps_per_iter"] == 2  # rotation path runs
+    assert row["loop"]["tree"]["steps_per_iter"] == 1
+    assert all(v["empty_num_cache_copies"] == 0 for v in row["loop"].values())
+    assert all(row["loop"][k]["num_cache_copies"] == 0 for k in ("xla", "naive", "dpa"))  # XLA-only ops
     saved = json.loads((tmp_path / "bench_attention.json").read_text())
     assert saved["table"][0]["us"].keys() == row["us"].keys()
-    assert "| llama3-8b | 1 | 256 |" in (tmp_path / "bench_attention.md").read_text()
+    md = (tmp_path / "bench_attention.md").read_text()
+    assert "| llama3-8b | 1 | 256 |" in md and "| K/V fits L2 |" in md and "| 1 (default) |" in md
 
 
 # ------------------------------------------------------------------------------------------------ GPU only
