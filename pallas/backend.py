@@ -7,7 +7,7 @@ between the JAX versions we support (0.10 and 0.11) are guarded here too.
 Backends:
   ``"triton"``     Pallas Triton lowering (GPU). Deprecated in JAX 0.11 in favour of Mosaic GPU, but present.
   ``"interpret"``  ``interpret=True``: the kernel body runs as ordinary XLA ops (any device; used on CPU).
-  ``"mosaic_gpu"`` reserved for a Mosaic GPU version of the kernels; not implemented yet.
+A Mosaic GPU version of the kernels would be added here as a third backend (not written yet).
 ``None`` / ``"auto"`` picks ``"triton"`` when JAX's default backend is a GPU and ``"interpret"`` otherwise.
 """
 
@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-BACKENDS = ("triton", "interpret", "mosaic_gpu")
+BACKENDS = ("triton", "interpret")
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -34,9 +34,6 @@ def resolve_backend(backend: str | None = None) -> str:
         return "triton" if jax.default_backend() == "gpu" else "interpret"
     if backend not in BACKENDS:
         raise ValueError(f"unknown Pallas backend {backend!r}; choose one of auto, {', '.join(BACKENDS)}")
-    if backend == "mosaic_gpu":
-        raise NotImplementedError("the Mosaic GPU versions of the attention kernels are not written yet; "
-                                  "use backend='triton' (GPU) or 'interpret'")
     return backend
 
 
