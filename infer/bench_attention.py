@@ -37,7 +37,6 @@ import argparse
 import datetime
 import json
 import math
-import os
 import re
 import statistics
 import sys
