@@ -36,11 +36,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from infer.generate import pad_prompts
-from infer.speculative import (SpecSettings, DraftWeights, commit, draft_prefill, draft_root, exact_acceptance,
+from infer.speculative import (SpecSettings, DraftWeights, commit, compact_path, draft_prefill, draft_root, exact_acceptance,
                                grow_tree, plan_speculative, spec_round, speculative_loop, speculative_start,
                                start_tree, verify, Tree)
 from infer.vanilla import Progress, StopCriteria, prefill_and_first_token, vanilla_loop
-from longspec_jax.kv_cache import KVCache, write_rows
+from longspec_jax.kv_cache import KVCache
+from longspec_jax.oracle import oracle_hook, oracle_table
 from longspec_jax.sampling import SamplingConfig
 from longspec_jax.tree import TreeSpec
 
@@ -124,29 +125,13 @@ def dev_prompt_tokens(tokenizer, count: int) -> list[int]:
     raise RuntimeError(f"only {len(ids)} tokens of dev-split source found")
 
 
-def oracle_hook(logits_BxTxV, positions_BxT, next_token_BxS):
-    favoured = jnp.take_along_axis(next_token_BxS, positions_BxT, axis=1)
-    return logits_BxTxV + 1e4 * jax.nn.one_hot(favoured, logits_BxTxV.shape[-1], dtype=logits_BxTxV.dtype)
-
-
-def oracle_table(prompt, continuation, slots: int, vocab: int, wrong_every: int) -> np.ndarray:
-    seq = list(prompt) + [int(t) for t in continuation if t >= 0]
-    table = np.zeros((1, slots), np.int32)
-    table[0, :len(seq) - 1] = seq[1:]
-    if wrong_every:
-        table[0, wrong_every - 1::wrong_every] = (table[0, wrong_every - 1::wrong_every] + 1) % vocab
-    return table
-
-
 # ------------------------------------------------------------------------------------------------ benchmark
 
 def last_layer_commit(cache: KVCache, path_BxA, count_B, active_B) -> KVCache:
     """The reference's alternative: compact only the last layer (the others recompute next round)."""
     root = cache.lengths
-    src = (root[:, None] + path_BxA)[:, :, None, None]
     k, v = list(cache.k), list(cache.v)
-    k[-1] = write_rows(k[-1], jnp.take_along_axis(k[-1], src, axis=1), root)
-    v[-1] = write_rows(v[-1], jnp.take_along_axis(v[-1], src, axis=1), root)
+    k[-1], v[-1] = compact_path(k[-1], path_BxA, root), compact_path(v[-1], path_BxA, root)
     return cache.replace(k=tuple(k), v=tuple(v), lengths=jnp.where(active_B, root + count_B, root))
 
 
@@ -244,9 +229,9 @@ def run(args) -> dict:
         slots = base.capacity + 64
         kinds = {} if ctx not in args.e2e_contexts else {"random_draft": (real_fns, dvars),
                  "oracle_exact": (oracle_fns, DraftWeights(draft.variables, jnp.asarray(
-                     oracle_table(prompt, greedy_tokens, slots, cfg.vocab_size, 0)))),
+                     oracle_table([prompt], [greedy_tokens], slots, cfg.vocab_size)))),
                  "oracle_wrong_every_4th": (oracle_fns, DraftWeights(draft.variables, jnp.asarray(
-                     oracle_table(prompt, greedy_tokens, slots, cfg.vocab_size, 4))))}
+                     oracle_table([prompt], [greedy_tokens], slots, cfg.vocab_size, wrong_every=4, phase=1))))}
         for name, ((start_fn, loop_fn), weights) in kinds.items():
             try:
                 sec, state = time_loop(lambda: start_fn(tparams, weights, tokens, lengths, key),

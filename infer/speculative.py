@@ -205,16 +205,18 @@ def verify(settings: SpecSettings, target_params, cache: KVCache, tree: Tree):
     return lm_head_logits(target_params, hidden), cache
 
 
+def compact_path(buffer_BxSxKxD, path_BxA, root_B):
+    """Copies the rows at slots ``root + path[j]`` to slots ``root + j`` (accepted nodes made consecutive)."""
+    src = (root_B[:, None] + path_BxA)[:, :, None, None]
+    return write_rows(buffer_BxSxKxD, jnp.take_along_axis(buffer_BxSxKxD, src, axis=1), root_B)
+
+
 def commit(cache: KVCache, path_BxA, count_B, active_B) -> KVCache:
     """Moves the accepted nodes' K/V (every layer) from their tree slots to consecutive slots after the root's,
     and commits the root and the accepted nodes for active sequences."""
     root = cache.lengths
-    src = (root[:, None] + path_BxA)[:, :, None, None]
-
-    def compact(buffer):
-        return write_rows(buffer, jnp.take_along_axis(buffer, src, axis=1), root)
-
-    return cache.replace(k=tuple(compact(b) for b in cache.k), v=tuple(compact(b) for b in cache.v),
+    return cache.replace(k=tuple(compact_path(b, path_BxA, root) for b in cache.k),
+                         v=tuple(compact_path(b, path_BxA, root) for b in cache.v),
                          lengths=jnp.where(active_B, root + count_B, root))
 
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
+from longspec_jax import oracle
 from longspec_jax.config import TargetConfig
 from longspec_jax.draft import Draft, DraftConfig, init_draft
 from longspec_jax.target import Target, init_target_params
@@ -24,21 +23,7 @@ def random_draft(seed: int, config: TargetConfig = TINY, window: int = 16) -> Dr
     return init_draft(DraftConfig.from_target(config, window=window), jax.random.PRNGKey(seed))
 
 
-def oracle_hook(logits_BxTxV, positions_BxT, next_token_BxS):
-    """Adds a large bonus to the token the oracle table says follows each position."""
-    favoured = jnp.take_along_axis(next_token_BxS, positions_BxT, axis=1)
-    return logits_BxTxV + 50.0 * jax.nn.one_hot(favoured, logits_BxTxV.shape[-1])
-
-
 def oracle_draft(base: Draft, prompts, continuations, wrong_every: int = 0, phase: int = 0,
                  vocab_size: int = TINY.vocab_size, slots: int = ORACLE_SLOTS) -> Draft:
-    """A draft that predicts the given continuation (the target's own greedy output), wrong at every
-    ``wrong_every``-th position when > 0, so acceptance lengths vary."""
-    table = np.zeros((len(prompts), slots), np.int32)
-    for b, (prompt, cont) in enumerate(zip(prompts, continuations)):
-        sequence = list(prompt) + [int(t) for t in cont if t >= 0]
-        table[b, :len(sequence) - 1] = sequence[1:]
-        if wrong_every:
-            wrong = (np.arange(slots) + phase) % wrong_every == 0
-            table[b, wrong] = (table[b, wrong] + 1) % vocab_size
-    return Draft(base.config, base.variables, logits_hook=oracle_hook, hook_data=jnp.asarray(table))
+    """:func:`longspec_jax.oracle.oracle_draft` with the tiny test model's defaults."""
+    return oracle.oracle_draft(base, prompts, continuations, vocab_size, slots, wrong_every, phase)
