@@ -11,9 +11,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from longspec_jax.flash_cache import cudnn_supports, flash_cache_attention
 from pallas.reference import cache_attention_reference, default_scale, masked_attention_reference
 
-IMPLS = ("auto", "pallas", "xla", "naive")
+IMPLS = ("auto", "gpu", "pallas", "cudnn", "xla", "naive")
+# "gpu" (what "auto" picks on a GPU) takes the cuDNN cache half from this many query rows (queries x GQA group)
+# on, in half precision; the Pallas split-K kernel below that. Set from the H200 sweep in docs/benchmarks.md.
+CUDNN_MIN_ROWS = 64
 
 __all__ = ["cache_attention_reference", "masked_attention_reference", "cache_attention_blockwise",
            "merge_attention", "naive_tree_attention", "hybrid_tree_attention", "cache_attention",
@@ -77,12 +81,25 @@ def merge_attention(o_a, lse_a, o_b, lse_b):
 
 
 def resolve_impl(impl: str) -> str:
-    """``auto`` picks the Pallas kernels on GPU and the XLA (jnp) path elsewhere."""
+    """``auto`` picks ``gpu`` on a GPU and the XLA (jnp) path elsewhere.
+
+    Impls: ``pallas`` (both halves Pallas kernels), ``cudnn`` (cache half: jax's cuDNN flash attention, split
+    along the keys, :mod:`longspec_jax.flash_cache`; speculative half: Pallas), ``gpu`` (per call: ``cudnn``'s
+    cache half for many query rows in half precision, ``pallas`` otherwise), ``xla`` (blockwise jnp),
+    ``naive`` (one dense masked softmax).
+    """
     if impl not in IMPLS:
         raise ValueError(f"unknown attention impl {impl!r}; choose one of {', '.join(IMPLS)}")
     if impl == "auto":
-        return "pallas" if jax.default_backend() == "gpu" else "xla"
+        return "gpu" if jax.default_backend() == "gpu" else "xla"
     return impl
+
+
+def use_cudnn_cache_half(num_queries: int, num_heads: int, kv_heads: int, q_dtype, cache_dtype,
+                         head_dim: int) -> bool:
+    """The ``gpu`` impl's choice of cache half for one call's shapes."""
+    rows = num_queries * (num_heads // kv_heads)
+    return rows >= CUDNN_MIN_ROWS and cudnn_supports(q_dtype, cache_dtype, head_dim)
 
 
 def naive_tree_attention(q, k_cache, v_cache, cache_len, k_new, v_new, mask, scale=None):
@@ -96,12 +113,30 @@ def naive_tree_attention(q, k_cache, v_cache, cache_len, k_new, v_new, mask, sca
     return masked_attention_reference(q, k, v, full_mask, scale)
 
 
-def _kernels(impl: str):
-    """(cache half, speculative half) implementations for a resolved impl name."""
+def _tree_half(impl: str):
+    """Speculative-half implementation for a resolved impl name."""
+    if impl in ("naive", "xla"):
+        return masked_attention_reference
+    from pallas import tree_attention
+    return tree_attention
+
+
+def _cache_half(impl: str, q_BxMxHxD, k_cache_BxSxKxD):
+    """Cache-half implementation for a resolved impl name (not ``naive``) and these operands."""
+    if impl == "xla":
+        return cache_attention_blockwise
+    _, M, H, D = q_BxMxHxD.shape
+    K = k_cache_BxSxKxD.shape[2]
+    if impl == "gpu":
+        impl = "cudnn" if use_cudnn_cache_half(M, H, K, q_BxMxHxD.dtype, k_cache_BxSxKxD.dtype, D) else "pallas"
     if impl == "pallas":
-        from pallas import cache_attention as pallas_cache, tree_attention as pallas_tree
-        return pallas_cache, pallas_tree
-    return cache_attention_blockwise, masked_attention_reference
+        from pallas import cache_attention as pallas_cache_attention
+        return pallas_cache_attention
+    if not cudnn_supports(q_BxMxHxD.dtype, k_cache_BxSxKxD.dtype, D):
+        raise ValueError(f"impl='cudnn' needs float16/bfloat16 queries and cache of one dtype and a head_dim that "
+                         f"is a multiple of 8 up to 256; got q {q_BxMxHxD.dtype}, cache {k_cache_BxSxKxD.dtype}, "
+                         f"head_dim {D}")
+    return flash_cache_attention
 
 
 def cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, *, scale=None, impl: str = "auto"):
@@ -109,7 +144,8 @@ def cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, *, s
     impl = resolve_impl(impl)
     if impl == "naive":
         return cache_attention_reference(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, scale)
-    return _kernels(impl)[0](q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, scale=scale)
+    cache_half = _cache_half(impl, q_BxMxHxD, k_cache_BxSxKxD)
+    return cache_half(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, scale=scale)
 
 
 def hybrid_tree_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B, k_new_BxNxKxD,
@@ -123,9 +159,9 @@ def hybrid_tree_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len
     if impl == "naive":
         return naive_tree_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B,
                                     k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, scale)
-    cache_half, new_half = _kernels(impl)
+    cache_half = _cache_half(impl, q_BxMxHxD, k_cache_BxSxKxD)
     o_cache, lse_cache = cache_half(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B, scale=scale)
-    o_new, lse_new = new_half(q_BxMxHxD, k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, scale=scale)
+    o_new, lse_new = _tree_half(impl)(q_BxMxHxD, k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, scale=scale)
     return merge_attention(o_cache, lse_cache, o_new, lse_new)
 
 
@@ -141,6 +177,5 @@ def windowed_ring_attention(q_BxMxHxD, q_pos_BxM, ring_k_BxRxKxD, ring_v_BxRxKxD
     qp = q_pos_BxM[:, :, None]
     ring_mask = (rp >= 0) & (rp >= qp - window) & (rp < qp)
     o_ring, lse_ring = masked_attention_reference(q_BxMxHxD, ring_k_BxRxKxD, ring_v_BxRxKxD, ring_mask, scale)
-    new_half = masked_attention_reference if impl in ("naive", "xla") else _kernels(impl)[1]
-    o_new, lse_new = new_half(q_BxMxHxD, k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, scale=scale)
+    o_new, lse_new = _tree_half(impl)(q_BxMxHxD, k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, scale=scale)
     return merge_attention(o_ring, lse_ring, o_new, lse_new)
