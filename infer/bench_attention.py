@@ -67,9 +67,15 @@ def parse_args(argv=None):
     p.add_argument("--lengths", default="32768,4096,16384,65536", help="cache lengths, run in this order")
     p.add_argument("--new-tokens", type=int, default=74)
     p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--impls", default="pallas,xla,naive,cache,kernel,tree,decode,dpa",
-                   help="table columns: hybrid pallas/xla/naive, cache half, its kernel only, tree half, "
-                        "decode (M=1), dpa (jax.nn.dot_product_attention)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"),
+                   help="table dtype (jax 0.11.2's Mosaic GPU attention kernel fails on bfloat16: use float16 "
+                        "to compare it)")
+    p.add_argument("--impls", default="gpu,pallas,cudnn,xla,naive,cache,kernel,cache_cudnn,mgpu,tree,decode,"
+                                      "decode_cudnn,dpa",
+                   help="table columns: hybrid gpu (= auto on a GPU) / pallas / cudnn / xla / naive, the Pallas "
+                        "cache half and its kernel alone, the cuDNN split cache half, jax's Mosaic GPU flash "
+                        "kernel on the same split problem (mgpu), tree half, decode (M=1) with the Pallas and "
+                        "the cuDNN cache half, dpa (jax.nn.dot_product_attention)")
     # cache_attention launch parameters used by the table (0 / unset = the kernel's default_config)
     p.add_argument("--block-r", type=int, default=0)
     p.add_argument("--block-k", type=int, default=0)
@@ -97,6 +103,8 @@ def parse_args(argv=None):
     p.add_argument("--max-rotate", type=int, default=16, help="most K/V buffer sets rotated over (L2 coldness)")
     p.add_argument("--budget-s", type=float, default=200.0, help="stop starting new work after this")
     p.add_argument("--sweep-budget-s", type=float, default=50.0)
+    p.add_argument("--sweep-cudnn-splits", default="0,4,8,16,32,64,128",
+                   help="num_splits of the cuDNN cache half swept at --sweep-length (0 = default_num_splits)")
     return p.parse_args(argv)
 
 
@@ -319,8 +327,9 @@ def estimate_s(name: str, B: int, M: int, S: int, H: int, K: int, D: int, itemsi
     cache = max(nbytes / 3.0e12, 4 * B * M * H * S * D / 2.0e14) + 8e-6
     tree = 6e-6 + 4 * B * M * M * H * D / 1e14
     decode = nbytes / 3.0e12 + 8e-6
-    return {"pallas": cache + tree, "xla": 6 * cache, "naive": 3 * cache, "cache": cache, "kernel": cache,
-            "tree": tree, "decode": decode, "dpa": 1.5 * cache, "dpa_xla": 6 * cache}[name]
+    return {"pallas": cache + tree, "gpu": cache + tree, "cudnn": cache + tree, "xla": 6 * cache,
+            "naive": 3 * cache, "cache": cache, "kernel": cache, "cache_cudnn": cache, "mgpu": cache, "tree": tree,
+            "decode": decode, "decode_cudnn": decode, "dpa": 1.5 * cache, "dpa_xla": 6 * cache}[name]
 
 
 # ---------------------------------------------------------------------------------------------- functions
@@ -341,6 +350,7 @@ CACHE_USES = ("q", "lengths")
 def build_ops(args, backend) -> dict:
     """name -> (op(inputs dict) -> outputs with a float array first, inputs the op reads, reads the cache)."""
     from longspec_jax.attention import hybrid_tree_attention
+    from longspec_jax.flash_cache import cudnn_chunk_attention, flash_cache_attention, reference_chunk_attention
     from pallas import cache_attention, cache_attention_partials, tree_attention
 
     ckw = cache_kwargs(args)
@@ -355,7 +365,16 @@ def build_ops(args, backend) -> dict:
                                                        key_value_seq_lengths=i["lengths"], implementation=impl),)
 
     on_gpu = jax.default_backend() == "gpu"
-    return {
+    chunk_fn = cudnn_chunk_attention if on_gpu else reference_chunk_attention
+
+    def flash(q_name):
+        return lambda i: flash_cache_attention(i[q_name], i["k_cache"], i["v_cache"], i["lengths"],
+                                               chunk_attention=chunk_fn)
+
+    ops = {
+        "gpu": (hybrid("gpu"), HYBRID_USES, True),
+        "cache_cudnn": (flash("q"), CACHE_USES, True),
+        "decode_cudnn": (flash("q1"), ("q1", "lengths"), True),
         "pallas": (hybrid("pallas"), HYBRID_USES, True),
         "xla": (hybrid("xla"), HYBRID_USES, True),
         "naive": (hybrid("naive"), HYBRID_USES, True),
@@ -370,6 +389,33 @@ def build_ops(args, backend) -> dict:
         "dpa": (dpa("cudnn" if on_gpu else "xla"), CACHE_USES, True),
         "dpa_xla": (dpa("xla"), CACHE_USES, True),
     }
+    if on_gpu:  # cuDNN and Mosaic GPU exist only there
+        ops["cudnn"] = (hybrid("cudnn"), HYBRID_USES, True)
+        ops["mgpu"] = (mgpu_split_attention, CACHE_USES, True)
+    return ops
+
+
+def mgpu_split_attention(i):
+    """jax's Mosaic GPU flash-attention kernel (``pallas.ops.gpu.attention_mgpu``, FA3-style, Hopper) on the
+    same folded, split problem as the cuDNN cache half: GQA group folded into the queries (padded to a multiple
+    of 128), the cache cut into ``default_num_splits`` chunks. It has no per-sequence length, so every chunk is
+    read in full, and the merge of the chunks is left out: a lower bound on a Mosaic GPU cache half."""
+    from jax.experimental.pallas.ops.gpu import attention_mgpu
+
+    from longspec_jax.flash_cache import default_num_splits
+    q, k, v = i["q"], i["k_cache"], i["v_cache"]
+    B, M, H, D = q.shape
+    S, K = k.shape[1], k.shape[2]
+    G = H // K
+    splits = default_num_splits(B, K, M * G, S)
+    rows = -(-(M * G) // 128) * 128
+    q_fold = q.reshape(B, M, K, G, D).swapaxes(2, 3).reshape(B, M * G, K, D)
+    q_fold = jnp.pad(q_fold, ((0, 0), (0, rows - M * G), (0, 0), (0, 0)))
+    q_split = jnp.broadcast_to(q_fold[:, None], (B, splits, rows, K, D)).reshape(B * splits, rows, K, D)
+    config = attention_mgpu.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2)
+    out, (lse,) = attention_mgpu.attention(q_split, k.reshape(B * splits, S // splits, K, D),
+                                           v.reshape(B * splits, S // splits, K, D), config, True)
+    return out, lse
 
 
 def make_row_inputs(seed: int, B: int, M: int, S: int, H: int, K: int, D: int, dtype, R: int):
@@ -604,12 +650,61 @@ def run_sweep(args, backend, copy_bw, t_start, timer) -> list:
     return results
 
 
+def run_sweep_cudnn(args, copy_bw, t_start, timer) -> list:
+    """num_splits of the cuDNN cache half (``flash_cache_attention``) at the sweep shape, 1 and M queries, for
+    each model of ``--models``. 0 = ``default_num_splits``. Off a GPU the jnp chunk kernel stands in."""
+    from longspec_jax.flash_cache import (cudnn_chunk_attention, default_num_splits, flash_cache_attention,
+                                          reference_chunk_attention)
+    chunk_fn = cudnn_chunk_attention if jax.default_backend() == "gpu" else reference_chunk_attention
+    B, D, S, dtype = args.sweep_batch, args.head_dim, args.sweep_length, jnp.bfloat16
+    models = args.models.split(",")
+    splits = _ints(args.sweep_cudnn_splits)
+    if args.smoke:
+        B, D, S, models, splits = 1, 64, 256, models[:1], [0, 2]
+    results = []
+    for model in models:
+        H, K = (4, 2) if args.smoke else MODELS[model]
+        nbytes = cache_bytes(B, S, K, D, dtype)
+        R = num_rotations(nbytes, args)
+        small, kv_box = make_row_inputs(400, B, args.new_tokens, S, H, K, D, dtype, R)
+        for M in ((1,) if args.smoke else (1, args.new_tokens)):
+            uses = ("q1" if M == 1 else "q", "lengths")
+            default = default_num_splits(B, K, M * (H // K), S)
+            empty = timer.time("empty", identity_op(uses), uses, small, kv_box, est_s=EMPTY_EST_S)
+            for ns in splits:
+                if time.perf_counter() - t_start > args.budget_s:
+                    log("  budget used up; skipping the rest of the cuDNN sweep")
+                    return results
+                used = ns or default
+                if S % used:
+                    continue
+                rec = dict(model=model, M=M, num_splits=used, default=used == default)
+                op = (lambda i, _q=uses[0], _ns=used: flash_cache_attention(
+                    i[_q], i["k_cache"], i["v_cache"], i["lengths"], num_splits=_ns, chunk_attention=chunk_fn))
+                try:
+                    if not kv_sets_alive(kv_box):
+                        kv_box[0] = make_kv_sets(400, B, S, K, D, dtype, R)
+                    r = per_op(timer.time(f"cudnn{M}", op, uses, small, kv_box,
+                                          est_s=estimate_s("decode" if M == 1 else "cache", B, M, S, H, K, D)), empty)
+                    bw = nbytes / (r["us"] * 1e-6) if r["us"] > 0 else None
+                    rec.update(r, bytes_per_s=bw, frac_copy_bw=bw / copy_bw if (copy_bw and bw) else None)
+                    log(f"  cuDNN {model} M={M} splits={used}{' (default)' if rec['default'] else ''}: "
+                        f"{r['us']:8.1f} us" + (f" ({100 * bw / copy_bw:.0f}% of copy)" if (copy_bw and bw) else ""))
+                except Exception as exc:
+                    rec["error"] = f"{type(exc).__name__}: {exc}"[:1000]
+                    log(f"  cuDNN {model} M={M} splits={used}: FAILED {rec['error'][:300]}")
+                    traceback.print_exc()
+                results.append(rec)
+        del small, kv_box
+    return results
+
+
 def run_table(args, backend, copy_bw, t_start, timer) -> list:
     impls = args.impls.split(",")
     rows = []
     models = args.models.split(",")
     batches, lengths = _ints(args.batches), _ints(args.lengths)
-    D, M, dtype = args.head_dim, args.new_tokens, jnp.bfloat16
+    D, M, dtype = args.head_dim, args.new_tokens, jnp.dtype(args.dtype)
     if args.smoke:
         models, batches, lengths, D, M = models[:1], [1], [256], 64, 8
     ops = build_ops(args, backend)
@@ -649,6 +744,8 @@ def run_table(args, backend, copy_bw, t_start, timer) -> list:
                     return per_op(t, _empties[key])
 
                 for impl in impls:
+                    if impl not in ops:
+                        continue  # cuDNN / Mosaic GPU columns off a GPU
                     try:
                         r = measure(impl)
                     except Exception as exc:
@@ -667,16 +764,18 @@ def run_table(args, backend, copy_bw, t_start, timer) -> list:
                     row["us"][impl], row["raw_us"][impl] = r["us"], r["raw_us"]
                     row["overhead_us"][impl], row["loop"][impl] = r["overhead_us"], r["loop"]
                 us = row["us"]
-                for name in ("cache", "kernel", "decode"):
+                for name in ("cache", "kernel", "cache_cudnn", "mgpu", "decode", "decode_cudnn"):
                     if name in us and us[name] > 0:
                         bw = nbytes / (us[name] * 1e-6)
                         row[f"{name}_bytes_per_s"] = bw
                         if copy_bw:
                             row[f"{name}_frac_copy_bw"] = bw / copy_bw
-                if "pallas" in us and "naive" in us:
-                    row["naive_over_pallas"] = us["naive"] / us["pallas"]
-                if "pallas" in us and "decode" in us:
-                    row["pallas_over_decode"] = us["pallas"] / us["decode"]
+                decodes = [us[n] for n in ("decode", "decode_cudnn") if us.get(n, 0) > 0]
+                for hyb in ("gpu", "pallas", "cudnn"):
+                    if us.get(hyb, 0) > 0 and "naive" in us:
+                        row[f"naive_over_{hyb}"] = us["naive"] / us[hyb]
+                    if us.get(hyb, 0) > 0 and decodes:
+                        row[f"{hyb}_over_decode"] = us[hyb] / min(decodes)
                 del small, kv_box
                 row["elapsed_s"] = time.perf_counter() - t_row
                 rows.append(row)
@@ -711,33 +810,32 @@ def markdown(report: dict) -> str:
                   f"jitted fori_loop, median of {c['calls']} calls); infer.bench_decode's method (10 chained "
                   f"dispatches): {c['dispatch']['bytes_per_s'] / 1e12:.3f} TB/s.", ""]
     if report.get("table"):
-        impl_names = ["pallas", "xla", "naive", "cache", "kernel", "tree", "decode", "dpa"]
+        impl_names = [n for n in TABLE_COLUMNS if any(n in r.get("us", {}) for r in report["table"])]
+        ratios = ["naive_over_gpu", "gpu_over_decode", "naive_over_pallas", "pallas_over_decode"]
+        fracs = ["cache_frac_copy_bw", "cache_cudnn_frac_copy_bw", "decode_frac_copy_bw",
+                 "decode_cudnn_frac_copy_bw"]
         first = next((r for r in report["table"] if "M" in r), {})
-        lines += [f"## Hybrid tree attention, {first.get('M', '?')} new tokens, bf16, head_dim {first.get('D', '?')} "
+        lines += [f"## Hybrid tree attention, {first.get('M', '?')} new tokens, {report.get('dtype', 'bfloat16')}, "
+                  f"head_dim {first.get('D', '?')} "
                   "(us per call, in-jit loop, loop overhead subtracted)", "",
-                  "| model | B | S | " + " | ".join(impl_names) + " | naive/pallas | pallas/decode | cache half % copy BW "
-                  "| kernel % copy BW | decode % copy BW | K/V fits L2 |",
-                  "|" + "---|" * (3 + len(impl_names) + 6)]
+                  "| model | B | S | " + " | ".join(impl_names + [r.replace("_over_", " / ") for r in ratios])
+                  + " | " + " | ".join(f.replace("_frac_copy_bw", " % copy BW") for f in fracs) + " | K/V fits L2 |",
+                  "|" + "---|" * (4 + len(impl_names) + len(ratios) + len(fracs))]
         for r in report["table"]:
             if r.get("skipped"):
                 lines.append(f"| {r['model']} | {r['B']} | {r['S']} | skipped (budget) |")
                 continue
             us = r.get("us", {})
             cells = [f"{us[n]:.1f}" if n in us else "-" for n in impl_names]
-
-            def pct(key):
-                return f"{100 * r[key]:.0f}%" if key in r else "-"
-
-            def ratio(key):
-                return f"{r[key]:.2f}" if key in r else "-"
-
-            lines.append(f"| {r['model']} | {r['B']} | {r['S']} | " + " | ".join(cells)
-                         + f" | {ratio('naive_over_pallas')} | {ratio('pallas_over_decode')} | "
-                         f"{pct('cache_frac_copy_bw')} | {pct('kernel_frac_copy_bw')} | {pct('decode_frac_copy_bw')} | "
-                         f"{l2_cell(r.get('l2'))} |")
-        lines += ["", "pallas / xla / naive: `hybrid_tree_attention(impl=...)`; cache: Pallas cache half "
-                  "(`cache_attention`, 74 queries); kernel: its pallas_call alone; tree: `tree_attention`; decode: "
-                  "`cache_attention` with 1 query; dpa: `jax.nn.dot_product_attention` over the cache (74 queries, "
+            cells += [f"{r[k]:.2f}" if k in r else "-" for k in ratios]
+            cells += [f"{100 * r[k]:.0f}%" if k in r else "-" for k in fracs]
+            lines.append(f"| {r['model']} | {r['B']} | {r['S']} | " + " | ".join(cells) + f" | {l2_cell(r.get('l2'))} |")
+        lines += ["", "gpu / pallas / cudnn / xla / naive: `hybrid_tree_attention(impl=...)` (gpu is what auto "
+                  "picks on a GPU); cache: Pallas cache half (`cache_attention`, 74 queries); kernel: its pallas_call "
+                  "alone; cache_cudnn: `flash_cache_attention` (cuDNN, split along the keys); mgpu: jax's Mosaic GPU "
+                  "flash kernel on the same split problem, full chunks, no merge; tree: `tree_attention`; decode / "
+                  "decode_cudnn: the Pallas / cuDNN cache half with 1 query; x / decode: against the faster decode; "
+                  "dpa: `jax.nn.dot_product_attention` over the cache (74 queries, "
                   "cuDNN where it accepts the shape). % copy BW: K+V bytes of the valid cache / time vs the copy "
                   "bandwidth above. K/V fits L2: whether the cache bytes touched per cycle of the loop fit in the "
                   "60 MB L2 (R x set size: R distinct K/V sets are rotated so that a cycle is >= 3x L2, i.e. every "
@@ -777,8 +875,20 @@ def markdown(report: dict) -> str:
         for M, best in report.get("sweep_best", {}).items():
             lines.append(f"\nBest for M={M}: {best}")
         lines.append("")
+    if report.get("sweep_cudnn"):
+        lines += ["## cuDNN cache half (flash_cache_attention) num_splits sweep", "",
+                  "| model | M | splits | us | % copy BW |", "|---|---|---|---|---|"]
+        for r in report["sweep_cudnn"]:
+            us = f"{r['us']:.1f}" if "us" in r else r.get("error", "")[:80].replace("|", "/")
+            frac = f"{100 * r['frac_copy_bw']:.0f}%" if r.get("frac_copy_bw") else "-"
+            lines.append(f"| {r['model']} | {r['M']} | {r['num_splits']}{' (default)' if r['default'] else ''} | "
+                         f"{us} | {frac} |")
+        lines.append("")
     return "\n".join(lines)
 
+
+TABLE_COLUMNS = ("gpu", "pallas", "cudnn", "xla", "naive", "cache", "kernel", "cache_cudnn", "mgpu", "tree", "decode",
+                 "decode_cudnn", "dpa")
 
 TIMING_METHOD = ("each op run n times inside one jitted lax.fori_loop; every step perturbs its inputs by a scalar "
                  "of the previous output (x 1e-30) and rewrites the cache's last slot in place, so nothing is "
@@ -800,7 +910,8 @@ def main(argv=None) -> dict:
     timer = LoopTimer(args)
     report = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   device=str(jax.devices()[0].device_kind), platform=jax.default_backend(),
-                  jax=jax.__version__, backend=backend, smoke=args.smoke, argv=sys.argv[1:] if argv is None else argv,
+                  jax=jax.__version__, backend=backend, smoke=args.smoke, dtype=args.dtype,
+                  argv=sys.argv[1:] if argv is None else argv,
                   timing=dict(method=TIMING_METHOD.format(target_ms=1e3 * timer.target_s, calls=timer.calls),
                               target_s=timer.target_s, calls=timer.calls, l2_bytes=L2_BYTES))
     log(f"bench_attention: device {report['device']} ({report['platform']}), jax {jax.__version__}, "
@@ -837,6 +948,9 @@ def main(argv=None) -> dict:
                 best[str(M)] = {k: b[k] for k in ("default", "block_r", "block_k", "splits_used", "num_warps",
                                                   "num_stages", "combine", "us")}
         report["sweep_best"] = best
+        save()
+        log("== sweep (cuDNN cache half)")
+        report["sweep_cudnn"] = run_sweep_cudnn(args, copy_bw, t_start, timer)
         save()
     if "table" in sections:
         log("== table")

@@ -287,9 +287,11 @@ def test_bench_attention_smoke(tmp_path):
     assert report["copy"]["bytes_per_s"] > 0 and report["copy"]["dispatch"]["bytes_per_s"] > 0
     assert report["sweep"] and all("us" in r for r in report["sweep"]), report["sweep"]
     assert [r["default"] for r in report["sweep"]][0] is True  # the current default_config comes first
+    assert [r["default"] for r in report["sweep_cudnn"]] == [True, False] and all("us" in r for r in report["sweep_cudnn"])
     (row,) = report["table"]
     assert not row["errors"], row["errors"]
-    names = {"pallas", "xla", "naive", "cache", "kernel", "tree", "decode", "dpa"}
+    names = {"gpu", "pallas", "xla", "naive", "cache", "kernel", "cache_cudnn", "tree", "decode", "decode_cudnn",
+             "dpa"}  # cudnn and mgpu need a GPU
     assert set(row["us"]) == set(row["raw_us"]) == set(row["overhead_us"]) == names
     assert all(row["overhead_us"][k] > 0 and row["raw_us"][k] > 0 for k in names)
     assert all(abs(row["us"][k] - (row["raw_us"][k] - row["overhead_us"][k])) < 1e-6 for k in names)
