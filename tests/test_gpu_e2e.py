@@ -1,5 +1,6 @@
-"""GPU end to end: bf16 speculative decoding with the Pallas kernels equals plain greedy decoding, up to
-divergences at near-ties of the target's logits (architecture.md section 7). Run with JAX_PLATFORMS=cuda."""
+"""GPU end to end: bf16 speculative decoding equals plain greedy decoding, up to divergences at near-ties of the
+target's logits (architecture.md section 7), with the all-Pallas attention and with what ``auto`` picks (cuDNN
+cache half for verification and prefill). Run with JAX_PLATFORMS=cuda."""
 
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ import numpy as np
 import pytest
 
 from infer import generate
+from infer.near_tie import first_divergence, top2_logit_gap
 from longspec_jax import load_target
 from longspec_jax.draft import DraftConfig, init_draft
-from longspec_jax.kv_cache import init_cache
-from longspec_jax.target import prefill
 from tests.spec_helpers import oracle_draft
 
 pytestmark = [pytest.mark.gpu,
@@ -35,65 +35,52 @@ def read_lines(path):
 '''
 
 
-def _top2_gap(target32, prefix) -> float:
-    """Float32 gap between the two largest logits after ``prefix`` (chunked prefill, XLA attention)."""
-    T = -(-len(prefix) // 512) * 512
-    cache = init_cache(target32.config.num_layers, 1, T, target32.config.num_kv_heads, target32.config.head_dim,
-                       jnp.float32)
-    tokens = np.zeros((1, T), np.int32)
-    tokens[0, :len(prefix)] = prefix
-    logits, _ = prefill(target32.params, target32.config, jnp.asarray(tokens), jnp.asarray([len(prefix)]), cache,
-                        chunk=512, impl="xla")
-    top2 = np.sort(np.asarray(logits)[0])[-2:]
-    return float(top2[1] - top2[0])
-
-
 def _check_same_or_near_tie(prompt, ours, ref, target32):
-    n = min(len(ours), len(ref))
-    diff = np.nonzero(np.asarray(ours[:n]) != np.asarray(ref[:n]))[0]
-    if diff.size:
-        first = int(diff[0])
-        gap = _top2_gap(target32, list(prompt) + [int(t) for t in ref[:first]])
+    first = first_divergence(ours, ref)
+    if first is not None:
+        gap = top2_logit_gap(target32, list(prompt) + [int(t) for t in ref[:first]])
         assert gap < NEAR_TIE_GAP, f"first divergence at {first} with top-2 gap {gap:.3f}"
-    return diff.size == 0
+    return first is None
 
 
 @pytest.mark.skipif(not os.path.isdir(FIXTURE), reason="fixture model not present")
-def test_bf16_pallas_speculative_matches_greedy():
+@pytest.mark.parametrize("attention", ["pallas", "auto"])
+def test_bf16_speculative_matches_greedy(attention):
     target = load_target(FIXTURE, dtype=jnp.bfloat16)
     target32 = load_target(FIXTURE, dtype=jnp.float32, load_tokenizer=False)
     prompt = target.tokenizer(PROMPT)["input_ids"]
     prompts = [prompt, prompt[:20]]
-    ref = generate(target, prompts, max_new_tokens=96, eos_token_id=[], attention="pallas")
+    ref = generate(target, prompts, max_new_tokens=96, eos_token_id=[], attention=attention)
     xla = generate(target, prompts, max_new_tokens=96, eos_token_id=[], attention="xla")
     draft = init_draft(DraftConfig.from_target(target.config), jax.random.PRNGKey(0), dtype=jnp.bfloat16)
     oracle = oracle_draft(draft, prompts, ref.tokens, wrong_every=5, vocab_size=target.config.vocab_size)
     exact_rows = 0
     for candidate in (xla,
                       generate(target, prompts, draft=draft, max_new_tokens=96, eos_token_id=[],
-                               attention="pallas"),
+                               attention=attention),
                       generate(target, prompts, draft=oracle, max_new_tokens=96, eos_token_id=[],
-                               attention="pallas")):
+                               attention=attention)):
         for b, p in enumerate(prompts):
             exact_rows += _check_same_or_near_tie(p, candidate.tokens[b], ref.tokens[b], target32)
     assert exact_rows >= 4  # most rows must match exactly; the rest only at near-ties
 
 
 @pytest.mark.skipif(not os.path.isdir(FIXTURE), reason="fixture model not present")
-def test_bf16_pallas_speculative_matches_greedy_at_32k():
+@pytest.mark.parametrize("attention", ["pallas", "auto"])
+def test_bf16_speculative_matches_greedy_at_32k(attention):
     """32k tokens of dev-split source (pygments, pyparsing, mpmath on the GPU box) as the prompt."""
     from infer.bench_spec import dev_prompt_tokens
 
     target = load_target(FIXTURE, dtype=jnp.bfloat16)
     target32 = load_target(FIXTURE, dtype=jnp.float32, load_tokenizer=False)
     prompt = dev_prompt_tokens(target.tokenizer, 32768)
-    ref = generate(target, [prompt], max_new_tokens=128, eos_token_id=[], attention="pallas", max_context=40000)
+    ref = generate(target, [prompt], max_new_tokens=128, eos_token_id=[], attention=attention, max_context=40000)
     draft = init_draft(DraftConfig.from_target(target.config), jax.random.PRNGKey(0), dtype=jnp.bfloat16)
     oracle = oracle_draft(draft, [prompt], ref.tokens, wrong_every=4, vocab_size=target.config.vocab_size,
                           slots=40000)
     results = []
     for d in (draft, oracle):
-        out = generate(target, [prompt], draft=d, max_new_tokens=128, eos_token_id=[], attention="pallas",
+        out = generate(target, [prompt], draft=d, max_new_tokens=128, eos_token_id=[], attention=attention,
                        max_context=40000)
         results.append(_check_same_or_near_tie(prompt, out.tokens[0], ref.tokens[0], target32))
     print("exact rows:", results)

@@ -1,0 +1,71 @@
+"""Where a bf16 speculative output leaves the plain greedy output, and whether that is a near-tie.
+
+Lossless decoding is exact in float32; in bf16 two attention paths (plain decode vs tree verification) round
+differently, so greedy outputs may part where the target's two best logits are closer than that rounding
+(architecture.md section 7). These helpers find the first divergence and measure the float32 top-2 gap there.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from longspec_jax.kv_cache import init_cache
+from longspec_jax.target import forward, lm_head_logits, prefill
+
+__all__ = ["first_divergence", "top2_logit_gap", "greedy_top2_gaps"]
+
+
+def first_divergence(ours, ref) -> int | None:
+    """Index of the first differing token over the common length, or None."""
+    n = min(len(ours), len(ref))
+    diff = np.nonzero(np.asarray(ours[:n]) != np.asarray(ref[:n]))[0]
+    return int(diff[0]) if diff.size else None
+
+
+def top2_logit_gap(target, prefix, chunk: int = 512) -> float:
+    """Gap between the two largest next-token logits after ``prefix`` (chunked prefill, XLA attention, in the
+    target's dtype: load it in float32 for the reference gap)."""
+    cfg = target.config
+    T = -(-len(prefix) // chunk) * chunk
+    cache = init_cache(cfg.num_layers, 1, T, cfg.num_kv_heads, cfg.head_dim, target.dtype)
+    tokens = np.zeros((1, T), np.int32)
+    tokens[0, :len(prefix)] = prefix
+    logits, _ = prefill(target.params, cfg, jnp.asarray(tokens), jnp.asarray([len(prefix)], jnp.int32), cache,
+                        chunk=chunk, impl="xla")
+    top2 = np.sort(np.asarray(logits, np.float32)[0])[-2:]
+    return float(top2[1] - top2[0])
+
+
+@functools.partial(jax.jit, static_argnames=("config", "num_new", "chunk", "capacity"))
+def _greedy_gaps(params, tokens_1xT, length_1, *, config, num_new: int, chunk: int, capacity: int):
+    cache = init_cache(config.num_layers, 1, capacity, config.num_kv_heads, config.head_dim,
+                       params["embed"].dtype)
+    logits, cache = prefill(params, config, tokens_1xT, length_1, cache, chunk=chunk, impl="xla")
+
+    def step(carry, _):
+        logits_1xV, cache = carry
+        top2 = jax.lax.top_k(logits_1xV.astype(jnp.float32), 2)[0]
+        token_1 = jnp.argmax(logits_1xV, axis=-1).astype(jnp.int32)
+        hidden, cache = forward(params, config, token_1[:, None], cache.lengths[:, None], cache,
+                                jnp.ones((1, 1, 1), bool), impl="xla")
+        cache = cache.replace(lengths=cache.lengths + 1)
+        return (lm_head_logits(params, hidden)[:, 0], cache), (token_1[0], top2[0, 0] - top2[0, 1])
+
+    _, (tokens, gaps) = jax.lax.scan(step, (logits, cache), None, length=num_new)
+    return tokens, gaps
+
+
+def greedy_top2_gaps(target, prompt, num_new: int, chunk: int = 512) -> tuple[np.ndarray, np.ndarray]:
+    """The target's greedy continuation of ``prompt`` (XLA attention, in the target's dtype) and, at each of
+    its ``num_new`` steps, the gap between the two largest logits."""
+    T = -(-len(prompt) // chunk) * chunk
+    tokens = np.zeros((1, T), np.int32)
+    tokens[0, :len(prompt)] = prompt
+    capacity = -(-(T + num_new) // chunk) * chunk
+    out, gaps = _greedy_gaps(target.params, jnp.asarray(tokens), jnp.asarray([len(prompt)], jnp.int32),
+                             config=target.config, num_new=num_new, chunk=chunk, capacity=capacity)
+    return np.asarray(out), np.asarray(gaps, np.float32)

@@ -1,0 +1,48 @@
+"""infer.near_tie: first divergence of two token streams and the float32 top-2 logit gap after a prefix."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from infer.near_tie import first_divergence, greedy_top2_gaps, top2_logit_gap
+from longspec_jax.kv_cache import init_cache
+from longspec_jax.target import forward, lm_head_logits
+from tests.spec_helpers import tiny_target
+
+
+def test_first_divergence():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3, 4], [1, 2, 3]) is None  # common length only
+    assert first_divergence([1, 5, 3], [1, 2, 4]) == 1
+    assert first_divergence(np.array([7, 2]), np.array([1, 2])) == 0
+
+
+def test_top2_logit_gap_is_the_gap_after_the_last_prefix_token():
+    target = tiny_target(0)
+    cfg = target.config
+    prefix = np.random.default_rng(3).integers(0, cfg.vocab_size, 37).tolist()
+    gap = top2_logit_gap(target, prefix, chunk=16)  # 3 chunks, the last one mostly padding
+    # Direct: one causal forward over exactly the prefix, dense attention.
+    T = len(prefix)
+    cache = init_cache(cfg.num_layers, 1, 64, cfg.num_kv_heads, cfg.head_dim, jnp.float32)
+    hidden, _ = forward(target.params, cfg, jnp.asarray([prefix], jnp.int32), jnp.arange(T, dtype=jnp.int32)[None],
+                        cache, jnp.tril(jnp.ones((1, T, T), bool)), impl="naive")
+    logits = np.asarray(lm_head_logits(target.params, hidden[:, -1:])[0, 0])
+    top2 = np.sort(logits)[-2:]
+    assert gap > 0
+    np.testing.assert_allclose(gap, top2[1] - top2[0], rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_top2_gaps_follow_the_greedy_path():
+    """Each step's token is the greedy one and its gap the top-2 gap after the prompt plus the tokens before it."""
+    target = tiny_target(1)
+    prompt = np.random.default_rng(4).integers(0, target.config.vocab_size, 21).tolist()
+    tokens, gaps = greedy_top2_gaps(target, prompt, 5, chunk=16)
+    assert tokens.shape == gaps.shape == (5,)
+    from infer import generate
+    ref = generate(target, [prompt], max_new_tokens=5, eos_token_id=[], attention="xla")
+    np.testing.assert_array_equal(tokens, np.asarray(ref.tokens[0][:5]))
+    for i in (0, 4):
+        np.testing.assert_allclose(gaps[i], top2_logit_gap(target, prompt + tokens[:i].tolist(), chunk=16),
+                                   rtol=1e-5, atol=1e-5)
