@@ -1,6 +1,6 @@
 """Speculative decoding on the H200: per-round phase times, end-to-end tokens/s and tau, draft-state bytes.
 
-    python -m infer.bench_spec --out DIR --fixture FIXTURE_DIR --pad-script pad_model.py   # GPU, ~8 min
+    python -m infer.bench_spec --out DIR --fixture FIXTURE_DIR --pad-script pad_model.py   # GPU
     python -m infer.bench_spec --out DIR --smoke                                           # CPU, tiny, seconds
 
 Model pair: the code-LM fixture padded by ``pad_model.py`` to Llama-3-8B-like cost (hidden 4608, MLP 14336,
@@ -10,10 +10,20 @@ predicts poorly, so acceptance is also measured with the same draft steered by a
 greedy continuation, exact or wrong at every 4th position) through ``Draft.logits_hook``: the draft still
 runs in full, only its logits are replaced.
 
-Prompt: source files of the dev-split repos (pygments, pyparsing, mpmath) concatenated, cut to each context.
+Prompt: source files of the dev-split repos (pygments, pyparsing, mpmath) concatenated, cut to each context
+(from ``--stable-gap`` on: starting at an offset whose float32 greedy continuation has no near-tie, since in bf16
+the plain and the speculative output may part at a near-tie, after which an oracle replaying the plain output
+predicts the wrong text). Where a speculative output differs from plain greedy, the float32 top-2 logit gap at
+the first difference is recorded (the small fixture computes the padded model's function).
 Timings: jitted functions, compile excluded, ``block_until_ready``. Generation loops: median over runs. Phases:
 each phase repeated ``--phase-reps`` times inside one jitted ``fori_loop`` from the post-prefill state (carries
-such as the KV cache updated in place), so no per-call dispatch or cache copy is counted.
+such as the KV cache updated in place), so no per-call dispatch or cache copy is counted; the phases of the two
+commit schemes are timed in turn, ``--commit-repeats`` times.
+
+H200 runs of 2026-11-29 (docs/benchmarks.md section 3):
+    python -m infer.bench_spec --out DIR --fixture F --pad-script P                 # 16k + 32k, ~7 min
+    python -m infer.bench_spec --out DIR --fixture F --pad-script P --contexts 32768 --phase-contexts "" \
+        --e2e-contexts 32768 --stable-gap 0.25 --stable-search 16384             # 32k tokens/s, ~5 min
 """
 
 from __future__ import annotations
@@ -246,11 +256,10 @@ def run(args) -> dict:
                 traceback.print_exc()
                 row["phases_error"] = f"{type(e).__name__}: {e}"[:1500]
         slots = base.capacity + 64
-        replay = {"tokens": greedy_tokens}
 
-        def oracle_weights(wrong_every: int, phase: int = 0):
+        def oracle_weights(wrong_every: int, phase: int = 0):  # replays the plain greedy output
             return DraftWeights(draft.variables, jnp.asarray(oracle_table(
-                [prompt], [replay["tokens"]], slots, cfg.vocab_size, wrong_every=wrong_every, phase=phase)))
+                [prompt], [greedy_tokens], slots, cfg.vocab_size, wrong_every=wrong_every, phase=phase)))
 
         kinds = {} if ctx not in args.e2e_contexts else {
             "random_draft": (real_fns, lambda: dvars),
@@ -271,15 +280,9 @@ def run(args) -> dict:
                                  accept_counts=np.asarray(state.accept_counts)[0].tolist(),
                                  first_mismatch_vs_greedy=first)
                 del state
-                if name.startswith("oracle"):
-                    row[name]["replays"] = replay["source"] if "source" in replay else "plain greedy output"
                 if first is not None:  # is it a bf16 near-tie? float32 top-2 gap of the (same-function) small model
                     row[name]["top2_gap_at_mismatch_f32"] = top2_logit_gap(
                         reference32(), list(prompt) + [int(t) for t in greedy_tokens[:first]])
-                    if name == "random_draft":
-                        # Past a near-tie the plain output is not what the target verifies: the oracles replay
-                        # the speculative output instead (in bf16 it depends only on the tree's static shapes).
-                        replay.update(tokens=out, source="speculative output of the random draft")
                 log(f"ctx {ctx}: {name} tau {row[name]['tau']:.2f}, {row[name]['tokens_per_s']:.1f} tok/s "
                     f"({row[name]['speedup']:.2f}x), first mismatch {first}"
                     + (f" (float32 top-2 gap there {row[name]['top2_gap_at_mismatch_f32']:.4f})" if first is not None
