@@ -109,6 +109,9 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
     ``on_tokens(tokens_B, emitted_B)``: called on the host with every step's tokens ``[B]`` and a mask of the
     rows that emitted one, in order, while plain decoding runs (speculative decoding: after the call, one step
     per token).
+    ``attention``: ``auto`` (on a GPU: cuDNN cache half for verification and prefill, Pallas kernels otherwise;
+    XLA elsewhere), ``gpu``, ``pallas``, ``cudnn``, ``xla`` or ``naive`` (see
+    :func:`longspec_jax.attention.resolve_impl`).
     """
     config = target.config
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens <= 0:
