@@ -97,9 +97,10 @@ def resolve_impl(impl: str) -> str:
 
 def use_cudnn_cache_half(num_queries: int, num_heads: int, kv_heads: int, q_dtype, cache_dtype,
                          head_dim: int) -> bool:
-    """The ``gpu`` impl's choice of cache half for one call's shapes."""
+    """The ``gpu`` impl's choice of cache half for one call's shapes (cuDNN needs a GPU backend)."""
     rows = num_queries * (num_heads // kv_heads)
-    return rows >= CUDNN_MIN_ROWS and cudnn_supports(q_dtype, cache_dtype, head_dim)
+    return (rows >= CUDNN_MIN_ROWS and cudnn_supports(q_dtype, cache_dtype, head_dim)
+            and jax.default_backend() == "gpu")
 
 
 def naive_tree_attention(q, k_cache, v_cache, cache_len, k_new, v_new, mask, scale=None):
@@ -132,6 +133,8 @@ def _cache_half(impl: str, q_BxMxHxD, k_cache_BxSxKxD):
     if impl == "pallas":
         from pallas import cache_attention as pallas_cache_attention
         return pallas_cache_attention
+    if jax.default_backend() != "gpu":
+        raise ValueError(f"impl='cudnn' needs a CUDA GPU (JAX's default backend here is {jax.default_backend()!r})")
     if not cudnn_supports(q_BxMxHxD.dtype, k_cache_BxSxKxD.dtype, D):
         raise ValueError(f"impl='cudnn' needs float16/bfloat16 queries and cache of one dtype and a head_dim that "
                          f"is a multiple of 8 up to 256; got q {q_BxMxHxD.dtype}, cache {k_cache_BxSxKxD.dtype}, "

@@ -128,30 +128,39 @@ def test_cudnn_supports():
     assert not cudnn_supports(jnp.bfloat16, jnp.bfloat16, 60)
 
 
-def test_gpu_impl_picks_cache_half_by_rows_and_dtype():
+def test_gpu_impl_picks_cache_half_by_rows_and_dtype(monkeypatch):
     rows = attention.CUDNN_MIN_ROWS
+    assert not attention.use_cudnn_cache_half(rows, 32, 8, jnp.bfloat16, jnp.bfloat16, 128)  # CPU: no cuDNN
+    monkeypatch.setattr(attention.jax, "default_backend", lambda: "gpu")
     assert attention.use_cudnn_cache_half(rows // 4, 32, 8, jnp.bfloat16, jnp.bfloat16, 128)
     assert not attention.use_cudnn_cache_half(rows // 4 - 1, 32, 8, jnp.bfloat16, jnp.bfloat16, 128)
     assert not attention.use_cudnn_cache_half(1, 32, 8, jnp.bfloat16, jnp.bfloat16, 128)  # decode
     assert not attention.use_cudnn_cache_half(512, 32, 8, jnp.float32, jnp.float32, 128)  # cuDNN: no float32
+    monkeypatch.undo()
     assert attention.resolve_impl("auto") == "xla"  # CPU
     with pytest.raises(ValueError, match="unknown attention impl 'flash'"):
         attention.resolve_impl("flash")
 
 
-def test_gpu_impl_with_float32_runs_the_pallas_halves():
-    """impl="gpu" never sends float32 to cuDNN: on the CPU it runs both Pallas kernels in interpret mode."""
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_gpu_impl_off_a_gpu_runs_the_pallas_halves(dtype):
+    """impl="gpu" sends nothing to cuDNN off a GPU (nor float32 anywhere): here both Pallas kernels run in
+    interpret mode, also for bf16 with 80 query rows."""
     B, M, S, H, K, D = 2, 20, 128, 8, 2, 64
-    q, k, v, lens = _inputs(B, M, S, H, K, D, jnp.float32, [128, 50])
+    q, k, v, lens = _inputs(B, M, S, H, K, D, dtype, [128, 50])
     k_new, v_new = k[:, :M], v[:, :M]
     mask = jnp.asarray(np.tril(np.ones((M, M), bool)))[None].repeat(B, 0)
     o, lse = attention.hybrid_tree_attention(q, k, v, lens, k_new, v_new, mask, impl="gpu")
     ref_o, ref_lse = attention.hybrid_tree_attention(q, k, v, lens, k_new, v_new, mask, impl="naive")
-    _assert_close(o, lse, ref_o, ref_lse, jnp.float32)
+    _assert_close(o, lse, ref_o, ref_lse, dtype)
 
 
-def test_cudnn_impl_rejects_float32_by_name():
+def test_cudnn_impl_rejects_what_cudnn_cannot_run_by_name(monkeypatch):
     q, k, v, lens = _inputs(1, 2, 128, 4, 2, 64, jnp.float32, [128])
+    with pytest.raises(ValueError, match="impl='cudnn' needs a CUDA GPU"):
+        attention.cache_attention(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), lens,
+                                  impl="cudnn")
+    monkeypatch.setattr(attention.jax, "default_backend", lambda: "gpu")
     with pytest.raises(ValueError, match="impl='cudnn' needs float16/bfloat16"):
         attention.cache_attention(q, k, v, lens, impl="cudnn")
 
