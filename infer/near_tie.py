@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from infer.generate import pad_prompts
 from longspec_jax.kv_cache import init_cache
 from longspec_jax.target import forward, lm_head_logits, prefill
 
@@ -29,15 +30,7 @@ def first_divergence(ours, ref) -> int | None:
 def top2_logit_gap(target, prefix, chunk: int = 512) -> float:
     """Gap between the two largest next-token logits after ``prefix`` (chunked prefill, XLA attention, in the
     target's dtype: load it in float32 for the reference gap)."""
-    cfg = target.config
-    T = -(-len(prefix) // chunk) * chunk
-    cache = init_cache(cfg.num_layers, 1, T, cfg.num_kv_heads, cfg.head_dim, target.dtype)
-    tokens = np.zeros((1, T), np.int32)
-    tokens[0, :len(prefix)] = prefix
-    logits, _ = prefill(target.params, cfg, jnp.asarray(tokens), jnp.asarray([len(prefix)], jnp.int32), cache,
-                        chunk=chunk, impl="xla")
-    top2 = np.sort(np.asarray(logits, np.float32)[0])[-2:]
-    return float(top2[1] - top2[0])
+    return float(greedy_top2_gaps(target, prefix, 1, chunk)[1][0])
 
 
 @functools.partial(jax.jit, static_argnames=("config", "num_new", "chunk", "capacity"))
@@ -63,9 +56,8 @@ def greedy_top2_gaps(target, prompt, num_new: int, chunk: int = 512) -> tuple[np
     """The target's greedy continuation of ``prompt`` (XLA attention, in the target's dtype) and, at each of
     its ``num_new`` steps, the gap between the two largest logits."""
     T = -(-len(prompt) // chunk) * chunk
-    tokens = np.zeros((1, T), np.int32)
-    tokens[0, :len(prompt)] = prompt
+    tokens_1xT, length_1 = pad_prompts([np.asarray(prompt, np.int32)], T)
     capacity = -(-(T + num_new) // chunk) * chunk
-    out, gaps = _greedy_gaps(target.params, jnp.asarray(tokens), jnp.asarray([len(prompt)], jnp.int32),
-                             config=target.config, num_new=num_new, chunk=chunk, capacity=capacity)
+    out, gaps = _greedy_gaps(target.params, tokens_1xT, length_1, config=target.config, num_new=num_new,
+                             chunk=chunk, capacity=capacity)
     return np.asarray(out), np.asarray(gaps, np.float32)
