@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas.cache_attention import combine_splits
-from pallas.reference import cache_attention_reference, default_scale
+from pallas.reference import cache_attention_reference, check_cache_operands, default_scale
 
 __all__ = ["flash_cache_attention", "default_num_splits", "cudnn_chunk_attention", "reference_chunk_attention",
            "cudnn_supports", "CUDNN_DTYPES"]
@@ -97,16 +97,9 @@ def flash_cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B
     chunk_attention: the per-chunk flash kernel, ``(q [N,T,K,D], k [N,C,K,D], v, lengths [N], scale) ->
       (o [N,T,K,D], lse [N,T,K] float32)``.
     """
+    check_cache_operands("flash_cache_attention", q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B)
     B, M, H, D = q_BxMxHxD.shape
-    if k_cache_BxSxKxD.ndim != 4 or k_cache_BxSxKxD.shape != v_cache_BxSxKxD.shape or \
-            k_cache_BxSxKxD.shape[0] != B or k_cache_BxSxKxD.shape[3] != D:
-        raise ValueError(f"flash_cache_attention: q {q_BxMxHxD.shape}, k_cache {k_cache_BxSxKxD.shape}, v_cache "
-                         f"{v_cache_BxSxKxD.shape} do not match ([B, M, H, D] and [B, S, K, D])")
     S, K = k_cache_BxSxKxD.shape[1], k_cache_BxSxKxD.shape[2]
-    if H % K:
-        raise ValueError(f"flash_cache_attention: {H} query heads are not a multiple of {K} kv heads")
-    if lengths_B.shape != (B,):
-        raise ValueError(f"flash_cache_attention: lengths shape {lengths_B.shape} != {(B,)}")
     G = H // K
     splits = default_num_splits(B, K, M * G, S) if num_splits is None else num_splits
     if splits < 1 or S % splits:

@@ -30,7 +30,7 @@ from jax.experimental.pallas import triton as plt
 
 from pallas.backend import (LOG2E, dot_f32, dot_precision, finalize_softmax, next_pow2, online_softmax_step,
                             pallas_call_options, resolve_backend)
-from pallas.reference import default_scale
+from pallas.reference import check_cache_operands, default_scale
 
 __all__ = ["cache_attention", "cache_attention_partials", "combine_splits", "default_config"]
 
@@ -216,17 +216,6 @@ def combine_splits(o_part, lse_part):
     return o, lse
 
 
-def _check(q, k_cache, v_cache, lengths):
-    B, M, H, D = q.shape
-    if k_cache.ndim != 4 or k_cache.shape != v_cache.shape or k_cache.shape[0] != B or k_cache.shape[3] != D:
-        raise ValueError(f"cache_attention: q {q.shape}, k_cache {k_cache.shape}, v_cache {v_cache.shape} "
-                         "do not match ([B, M, H, D] and [B, S, K, D])")
-    if H % k_cache.shape[2]:
-        raise ValueError(f"cache_attention: {H} query heads are not a multiple of {k_cache.shape[2]} kv heads")
-    if lengths.shape != (B,):
-        raise ValueError(f"cache_attention: lengths shape {lengths.shape} != {(B,)}")
-
-
 def _resolve_config(q, k_cache, block_r, block_k, num_splits, num_warps, num_stages):
     B, M, H, D = q.shape
     S, K = k_cache.shape[1], k_cache.shape[2]
@@ -247,7 +236,7 @@ def _resolve_config(q, k_cache, block_r, block_k, num_splits, num_warps, num_sta
 
 def _cache_attention(q, k_cache, v_cache, lengths, *, scale, backend, block_r, block_k, num_splits, num_warps,
                      num_stages, partial_dtype, combine):
-    _check(q, k_cache, v_cache, lengths)
+    check_cache_operands("cache_attention", q, k_cache, v_cache, lengths)
     cfg = _resolve_config(q, k_cache, block_r, block_k, num_splits, num_warps, num_stages)
     # A cache of another dtype is cast tile by tile inside the kernel (never copied here).
     return _lower_cache_attention(

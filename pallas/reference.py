@@ -14,6 +14,19 @@ def default_scale(head_dim: int) -> float:
     return head_dim ** -0.5
 
 
+def check_cache_operands(name: str, q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B) -> None:
+    """Clear errors (prefixed with ``name``) for cache-half operands that do not fit together."""
+    B, M, H, D = q_BxMxHxD.shape
+    k, v = k_cache_BxSxKxD, v_cache_BxSxKxD
+    if k.ndim != 4 or k.shape != v.shape or k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"{name}: q {q_BxMxHxD.shape}, k_cache {k.shape}, v_cache {v.shape} "
+                         "do not match ([B, M, H, D] and [B, S, K, D])")
+    if H % k.shape[2]:
+        raise ValueError(f"{name}: {H} query heads are not a multiple of {k.shape[2]} kv heads")
+    if lengths_B.shape != (B,):
+        raise ValueError(f"{name}: lengths shape {lengths_B.shape} != {(B,)}")
+
+
 def masked_attention_reference(q_BxMxHxD, k_BxNxKxD, v_BxNxKxD, mask_BxMxN, scale=None):
     """Dense masked attention, float32 softmax. Returns ``(o_BxMxHxD in q.dtype, lse_BxMxH float32)``."""
     B, M, H, D = q_BxMxHxD.shape
