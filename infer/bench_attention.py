@@ -402,16 +402,14 @@ def mgpu_split_attention(i):
     read in full, and the merge of the chunks is left out: a lower bound on a Mosaic GPU cache half."""
     from jax.experimental.pallas.ops.gpu import attention_mgpu
 
-    from longspec_jax.flash_cache import default_num_splits
+    from longspec_jax.flash_cache import default_num_splits, fold_group, repeat_per_chunk
     q, k, v = i["q"], i["k_cache"], i["v_cache"]
     B, M, H, D = q.shape
     S, K = k.shape[1], k.shape[2]
-    G = H // K
-    splits = default_num_splits(B, K, M * G, S)
-    rows = -(-(M * G) // 128) * 128
-    q_fold = q.reshape(B, M, K, G, D).swapaxes(2, 3).reshape(B, M * G, K, D)
-    q_fold = jnp.pad(q_fold, ((0, 0), (0, rows - M * G), (0, 0), (0, 0)))
-    q_split = jnp.broadcast_to(q_fold[:, None], (B, splits, rows, K, D)).reshape(B * splits, rows, K, D)
+    rows = M * (H // K)
+    splits = default_num_splits(B, K, rows, S)
+    q_fold = jnp.pad(fold_group(q, K), ((0, 0), (0, -(-rows // 128) * 128 - rows), (0, 0), (0, 0)))
+    q_split = repeat_per_chunk(q_fold, splits)
     config = attention_mgpu.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2)
     out, (lse,) = attention_mgpu.attention(q_split, k.reshape(B * splits, S // splits, K, D),
                                            v.reshape(B * splits, S // splits, K, D), config, True)

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from pallas.cache_attention import combine_splits
 from pallas.reference import cache_attention_reference, check_cache_operands, default_scale
 
-__all__ = ["flash_cache_attention", "default_num_splits", "cudnn_chunk_attention", "reference_chunk_attention",
+__all__ = ["flash_cache_attention", "default_num_splits", "fold_group", "repeat_per_chunk", "cudnn_chunk_attention", "reference_chunk_attention",
            "cudnn_supports", "CUDNN_DTYPES"]
 
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -87,6 +87,21 @@ def default_num_splits(batch: int, kv_heads: int, rows: int, capacity: int, *,
     return allowed[-1] if allowed else 1
 
 
+def fold_group(q_BxMxHxD, kv_heads: int):
+    """``[B, M, H, D] -> [B, M*G, K, D]``: row ``m * G + g`` of kv head ``k`` is query ``m`` of head
+    ``k * G + g`` (G = H / K), so one pass over a kv head's keys serves its whole group."""
+    B, M, H, D = q_BxMxHxD.shape
+    G = H // kv_heads
+    return q_BxMxHxD.reshape(B, M, kv_heads, G, D).swapaxes(2, 3).reshape(B, M * G, kv_heads, D)
+
+
+def repeat_per_chunk(q_BxTxKxD, splits: int):
+    """``[B, T, K, D] -> [B*splits, T, K, D]``: the queries of sequence b for each of its cache chunks, in the
+    order of ``k_cache.reshape(B * splits, S // splits, K, D)``."""
+    B, T, K, D = q_BxTxKxD.shape
+    return jnp.broadcast_to(q_BxTxKxD[:, None], (B, splits, T, K, D)).reshape(B * splits, T, K, D)
+
+
 @functools.partial(jax.jit, static_argnames=("scale", "num_splits", "chunk_attention"))
 def flash_cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, *, scale=None,
                           num_splits: int | None = None, chunk_attention=cudnn_chunk_attention):
@@ -107,9 +122,7 @@ def flash_cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B
     chunk = S // splits
     scale = default_scale(D) if scale is None else scale
 
-    # Row t = m * G + g of kv head k is query m of head k * G + g.
-    q_BxTxKxD = q_BxMxHxD.reshape(B, M, K, G, D).swapaxes(2, 3).reshape(B, M * G, K, D)
-    q_NxTxKxD = jnp.broadcast_to(q_BxTxKxD[:, None], (B, splits, M * G, K, D)).reshape(B * splits, M * G, K, D)
+    q_NxTxKxD = repeat_per_chunk(fold_group(q_BxMxHxD, K), splits)
     k_NxCxKxD = k_cache_BxSxKxD.reshape(B * splits, chunk, K, D)
     v_NxCxKxD = v_cache_BxSxKxD.reshape(B * splits, chunk, K, D)
     starts = jnp.arange(splits, dtype=jnp.int32) * chunk
