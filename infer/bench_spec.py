@@ -318,17 +318,18 @@ def stable_prompt_offset(target32, stream, ctx: int, num_new: int, min_gap: floa
     return best
 
 
+@functools.cache
 def loop_runner(step, reps: int):
-    """jit(carry, *consts) -> carry after ``reps`` steps inside one ``fori_loop``; the carry is donated."""
+    """jit(carry, *consts) -> carry after ``reps`` steps inside one ``fori_loop``; the carry is donated. Cached,
+    so timing the same step function again does not recompile."""
     return jax.jit(lambda c, *k: jax.lax.fori_loop(0, reps, lambda i, x: step(x, *k), c), donate_argnums=0)
 
 
-def loop_time(step, carry, consts, reps: int, runner=None) -> tuple[float, object]:
+def loop_time(step, carry, consts, reps: int) -> tuple[float, object]:
     """Seconds per ``carry = step(carry, *consts)``, repeated ``reps`` times inside one jitted ``fori_loop``
     (no per-call dispatch; the carry, e.g. a KV cache, is donated and updated in place). Every step reads the
-    carry, so nothing can be hoisted out of the loop. Returns the time and the final carry. Pass the same
-    ``runner`` (:func:`loop_runner`) to time a step again without recompiling."""
-    run = runner or loop_runner(step, reps)
+    carry, so nothing can be hoisted out of the loop. Returns the time and the final carry."""
+    run = loop_runner(step, reps)
     carry = run(carry, *consts)  # compile (first use) + warm-up
     jax.block_until_ready(carry)
     t0 = time.perf_counter()
@@ -393,17 +394,14 @@ def phase_times(settings: SpecSettings, tparams, dvars, tokens, lengths, stop, k
     inactive = jnp.zeros((B,), bool)  # commit without advancing the lengths, so it can repeat
     samples: dict = {k: [] for k in ("verify", "verify_with_recompute", "commit_all_layers", "commit_last_layer")}
     verify_alt = functools.partial(verify_step, s=alt_settings)
-    runners = {"verify": loop_runner(verify_step, reps), "verify_with_recompute": loop_runner(verify_alt, reps),
-               "commit_all_layers": loop_runner(commit, reps), "commit_last_layer": loop_runner(last_layer_commit, reps)}
     commit_args = (acc.path_BxA, acc.count_B, inactive)
     for _ in range(commit_repeats):  # carries are donated: keep the returned ones
-        t, (zeros, cache) = loop_time(verify_step, (zeros, cache), (tparams, tree), reps, runners["verify"])
+        t, (zeros, cache) = loop_time(verify_step, (zeros, cache), (tparams, tree), reps)
         samples["verify"].append(t)
-        t, (alt_zeros, cache) = loop_time(verify_alt, (alt_zeros, cache), (tparams, alt_tree), reps,
-                                          runners["verify_with_recompute"])
+        t, (alt_zeros, cache) = loop_time(verify_alt, (alt_zeros, cache), (tparams, alt_tree), reps)
         samples["verify_with_recompute"].append(t)
         for name, fn in (("commit_all_layers", commit), ("commit_last_layer", last_layer_commit)):
-            t, cache = loop_time(fn, cache, commit_args, reps, runners[name])
+            t, cache = loop_time(fn, cache, commit_args, reps)
             samples[name].append(t)
     for name, ts in samples.items():
         phases[name] = statistics.median(ts)
