@@ -1,4 +1,5 @@
-"""The public ``generate()``: input checks, shape bucketing, and one jit-compiled call per shape bucket."""
+"""The public ``generate()``: input checks, shape planning, padding, one jit-compiled call per shape bucket (plain
+or speculative), and the outputs."""
 
 from __future__ import annotations
 
@@ -10,10 +11,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from infer.vanilla import DecodeSettings, StopCriteria, vanilla_generate
+from infer.decoding import DecodeSettings, StopCriteria
+from infer.plain import plain_generate
+from infer.speculative import SpecSettings, speculative_generate
 from longspec_jax.attention import resolve_impl
+from longspec_jax.draft import Draft
 from longspec_jax.sampling import SamplingConfig
 from longspec_jax.target import Target
+from longspec_jax.tree import TreeSpec
+from pallas.sizes import next_pow2, round_up
 
 DEFAULT_PREFILL_CHUNK = 512
 CAPACITY_ALIGN = 512
@@ -29,14 +35,6 @@ class GenerateOutput:
 
     def texts(self, tokenizer) -> list[str]:
         return [tokenizer.decode(row[:n].tolist()) for row, n in zip(self.tokens, self.num_generated)]
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 def normalize_prompts(input_ids, vocab_size: int) -> list[np.ndarray]:
@@ -70,18 +68,23 @@ def normalize_prompts(input_ids, vocab_size: int) -> list[np.ndarray]:
 def plan_shapes(max_prompt: int, max_new_tokens: int, slack: int, prefill_chunk: int) -> tuple[int, int, int, int]:
     """Bucketed (padded prompt length, prefill chunk, output length, cache capacity)."""
     if max_prompt <= prefill_chunk:
-        padded = max(16, _next_pow2(max_prompt))
+        padded = max(16, next_pow2(max_prompt))
         chunk = padded
     else:
-        padded, chunk = _round_up(max_prompt, prefill_chunk), prefill_chunk
-    out_len = max(16, _next_pow2(max_new_tokens))
-    capacity = _round_up(max(padded, max_prompt + out_len + slack), CAPACITY_ALIGN)
+        padded, chunk = round_up(max_prompt, prefill_chunk), prefill_chunk
+    out_len = max(16, next_pow2(max_new_tokens))
+    capacity = round_up(max(padded, max_prompt + out_len + slack), CAPACITY_ALIGN)
     return padded, chunk, out_len, capacity
 
 
 @functools.partial(jax.jit, static_argnames=("settings", "on_tokens"))
-def _vanilla_jit(params, tokens, lengths, stop, key, settings, on_tokens=None):
-    return vanilla_generate(params, settings, tokens, lengths, stop, key, on_tokens)
+def _plain_jit(params, tokens, lengths, stop, key, settings, on_tokens=None):
+    return plain_generate(params, settings, tokens, lengths, stop, key, on_tokens)
+
+
+@functools.partial(jax.jit, static_argnames=("settings",))
+def _speculative_jit(target_params, weights, tokens, lengths, stop, key, settings):
+    return speculative_generate(settings, target_params, weights, tokens, lengths, stop, key)
 
 
 _stream_sinks: list = []  # the on_tokens callbacks of the generate calls in progress (innermost last)
@@ -130,7 +133,6 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
     if on_tokens is not None and not callable(on_tokens):
         raise ValueError(f"on_tokens must be callable or None, got {type(on_tokens).__name__}")
     if draft is not None:
-        from infer.speculative import plan_speculative, run_speculative
         settings = plan_speculative(target, draft, longest, max_new_tokens, sampling, tree_shape, prefill_chunk,
                                     resolve_impl(attention))
         out = run_speculative(settings, target, draft, prompts, max_new_tokens, stop, seed)
@@ -142,11 +144,11 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
                               out_len=out_len, prompt_len=padded, impl=resolve_impl(attention))
     tokens, lengths = pad_prompts(prompts, padded)
     if on_tokens is None:
-        progress = _vanilla_jit(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings)
+        progress = _plain_jit(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings)
         return to_output(progress, max_new_tokens)
     _stream_sinks.append(on_tokens)
     try:
-        progress = _vanilla_jit(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings,
+        progress = _plain_jit(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings,
                                 on_tokens=_stream_to_sink)
         out = to_output(progress, max_new_tokens)
         jax.effects_barrier()
@@ -168,3 +170,34 @@ def to_output(progress, max_new_tokens: int) -> GenerateOutput:
     num_rounds = np.asarray(progress.num_rounds)
     return GenerateOutput(tokens=tokens, num_generated=num_generated, num_rounds=num_rounds,
                           mean_accepted=float(num_generated.sum() / (num_rounds + 1).sum()))
+
+
+def plan_speculative(target, draft: Draft, longest_prompt: int, max_new_tokens: int, sampling, tree_shape,
+                     prefill_chunk: int, impl: str) -> SpecSettings:
+    """Checks that the draft fits the target and plans the static shapes of one speculative generate call."""
+    if not isinstance(draft, Draft):
+        raise ValueError(f"draft must be a longspec_jax Draft (see load_draft), got {type(draft).__name__}")
+    config = target.config
+    dc = draft.config
+    if (dc.hidden_size, dc.num_heads, dc.num_kv_heads, dc.head_dim) != (
+            config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim):
+        raise ValueError(f"draft (hidden {dc.hidden_size}, heads {dc.num_heads}/{dc.num_kv_heads}, head_dim "
+                         f"{dc.head_dim}) does not match the target (hidden {config.hidden_size}, heads "
+                         f"{config.num_heads}/{config.num_kv_heads}, head_dim {config.head_dim})")
+    spec = TreeSpec.parse(tree_shape, config.vocab_size)
+    padded, chunk, out_len, capacity = plan_shapes(longest_prompt, max_new_tokens,
+                                                   spec.num_nodes + spec.max_accept, prefill_chunk)
+    base = DecodeSettings(config=config, sampling=sampling, capacity=capacity, prefill_chunk=chunk,
+                          out_len=out_len, prompt_len=padded, impl=impl)
+    return SpecSettings(base=base, tree=spec, draft=draft.settings(impl))
+
+
+def run_speculative(settings: SpecSettings, target, draft: Draft, prompts, max_new_tokens: int, stop,
+                    seed: int) -> GenerateOutput:
+    """Runs the compiled speculative loop and converts its state to a ``GenerateOutput``."""
+    tokens, lengths = pad_prompts(prompts, settings.base.prompt_len)
+    state = _speculative_jit(target.params, draft.weights, tokens, lengths, stop, jax.random.PRNGKey(seed),
+                             settings=settings)
+    out = to_output(state.progress, max_new_tokens)
+    out.accept_counts = np.asarray(state.accept_counts)
+    return out

@@ -11,8 +11,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from longspec_jax.flash_cache import cudnn_supports, flash_cache_attention
-from pallas.reference import cache_attention_reference, default_scale, masked_attention_reference
+from longspec_jax.cudnn_cache import cudnn_cache_attention, cudnn_supports
+from pallas import cache_attention as pallas_cache_attention
+from pallas import tree_attention
+from pallas.reference import cache_attention_reference, default_scale, masked_attention_reference, merge_partials
+from pallas.sizes import ceil_div
 
 IMPLS = ("auto", "gpu", "pallas", "cudnn", "xla", "naive")
 # "gpu" (what "auto" picks on a GPU) takes the cuDNN cache half from this many query rows (queries x GQA group)
@@ -57,7 +60,7 @@ def cache_attention_blockwise(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengt
     G = H // K
     init = (jnp.full((B, K, G, M), -jnp.inf, jnp.float32), jnp.zeros((B, K, G, M), jnp.float32),
             jnp.zeros((B, K, G, M, D), jnp.float32))
-    num_blocks = (jnp.max(lengths_B) + block - 1) // block
+    num_blocks = ceil_div(jnp.max(lengths_B), block)
     m_run, l_run, acc = jax.lax.fori_loop(0, num_blocks, body, init)
     o = acc / jnp.where(l_run > 0, l_run, 1.0)[..., None]
     lse = jnp.where(l_run > 0, jnp.log(jnp.where(l_run > 0, l_run, 1.0)) + m_run, -jnp.inf)
@@ -67,16 +70,9 @@ def cache_attention_blockwise(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengt
 
 
 def merge_attention(o_a, lse_a, o_b, lse_b):
-    """Exact softmax over the union of two disjoint key sets from their partial results (float32)."""
-    m = jnp.maximum(lse_a, lse_b)
-    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-    w_a = jnp.exp(lse_a - m_safe)
-    w_b = jnp.exp(lse_b - m_safe)
-    denom = w_a + w_b
-    safe_denom = jnp.where(denom > 0, denom, 1.0)
-    o = (w_a[..., None] * o_a.astype(jnp.float32) + w_b[..., None] * o_b.astype(jnp.float32))
-    o = o / safe_denom[..., None]
-    lse = jnp.where(denom > 0, m_safe + jnp.log(safe_denom), -jnp.inf)
+    """Exact softmax over the union of two disjoint key sets from their partial results (float32 merge,
+    :func:`pallas.reference.merge_partials`); the output has ``o_a``'s dtype."""
+    o, lse = merge_partials(jnp.stack([o_a.astype(jnp.float32), o_b.astype(jnp.float32)]), jnp.stack([lse_a, lse_b]))
     return o.astype(o_a.dtype), lse
 
 
@@ -84,7 +80,7 @@ def resolve_impl(impl: str) -> str:
     """``auto`` picks ``gpu`` on a GPU and the XLA (jnp) path elsewhere.
 
     Impls: ``pallas`` (both halves Pallas kernels), ``cudnn`` (cache half: jax's cuDNN flash attention, split
-    along the keys, :mod:`longspec_jax.flash_cache`; speculative half: Pallas), ``gpu`` (per call: ``cudnn``'s
+    along the keys, :mod:`longspec_jax.cudnn_cache`; speculative half: Pallas), ``gpu`` (per call: ``cudnn``'s
     cache half for many query rows in half precision, ``pallas`` otherwise), ``xla`` (blockwise jnp),
     ``naive`` (one dense masked softmax).
     """
@@ -118,7 +114,6 @@ def _tree_half(impl: str):
     """Speculative-half implementation for a resolved impl name."""
     if impl in ("naive", "xla"):
         return masked_attention_reference
-    from pallas import tree_attention
     return tree_attention
 
 
@@ -131,7 +126,6 @@ def _cache_half(impl: str, q_BxMxHxD, k_cache_BxSxKxD):
     if impl == "gpu":
         impl = "cudnn" if use_cudnn_cache_half(M, H, K, q_BxMxHxD.dtype, k_cache_BxSxKxD.dtype, D) else "pallas"
     if impl == "pallas":
-        from pallas import cache_attention as pallas_cache_attention
         return pallas_cache_attention
     if jax.default_backend() != "gpu":
         raise ValueError(f"impl='cudnn' needs a CUDA GPU (JAX's default backend here is {jax.default_backend()!r})")
@@ -139,7 +133,7 @@ def _cache_half(impl: str, q_BxMxHxD, k_cache_BxSxKxD):
         raise ValueError(f"impl='cudnn' needs float16/bfloat16 queries and cache of one dtype and a head_dim that "
                          f"is a multiple of 8 up to 256; got q {q_BxMxHxD.dtype}, cache {k_cache_BxSxKxD.dtype}, "
                          f"head_dim {D}")
-    return flash_cache_attention
+    return cudnn_cache_attention
 
 
 def cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, *, scale=None, impl: str = "auto"):

@@ -1,5 +1,6 @@
 """The LongSpec draft: one decoder layer of windowed self-attention, cross-attention into the target's
-last-layer KV cache, and a SwiGLU MLP (reference.md section 1), as a functional Flax module.
+last-layer KV cache, and a SwiGLU MLP (reference.md section 1), as a functional Flax module, and its runtime in
+a speculative round (ring-cache prefill, step 0 on the pending tokens, log-probs of a tree level).
 
 The draft shares the target's embedding, LM head and RoPE; it has no final norm. Submodule and parameter names
 follow the PyTorch state dict (``self_attn.q_proj.weight`` is ``params/self_attn/q_proj/kernel`` transposed),
@@ -7,6 +8,11 @@ and the unused ``cross_attn.k_proj`` / ``v_proj`` are kept as parameters so rele
 
 How the layer's queries attend is supplied by the caller (``attend_self`` / ``attend_cross``), so the same
 module serves prefill, the speculative round and training.
+
+Runtime bookkeeping (all positions equal target cache slots): ``cache.lengths`` = tokens committed in every
+target layer; the root (last emitted token) sits at that position. ``pending`` = the tokens emitted last round
+(the root last), not yet in the draft's ring cache, at positions ``lengths - num_pending + 1 ... lengths``; the
+ring holds the self-attention K/V of the committed positions before them.
 """
 
 from __future__ import annotations
@@ -17,11 +23,15 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax import struct
 
+from longspec_jax.attention import cache_attention, windowed_ring_attention
 from longspec_jax.config import RopeConfig, TargetConfig
 from longspec_jax.errors import ConfigError
+from longspec_jax.kv_cache import KVCache, RingCache
 from longspec_jax.layers import rms_norm
 from longspec_jax.rope import apply_rope, inverse_frequencies, rope_tables
+from longspec_jax.target import embed_tokens, lm_head_logits
 
 DEFAULT_WINDOW = 512
 
@@ -189,6 +199,16 @@ class Draft:
     def param_dtype(self):
         return self.variables["params"]["input_layernorm"]["weight"].dtype
 
+    def settings(self, impl: str) -> "DraftSettings":
+        """The static half of this draft for a compiled loop, with attention implementation ``impl``."""
+        return DraftSettings(config=self.config, dtype=jnp.dtype(self.param_dtype).type, impl=impl,
+                             logits_hook=self.logits_hook)
+
+    @property
+    def weights(self) -> "DraftWeights":
+        """The traced half: variables and hook data."""
+        return DraftWeights(variables=self.variables, hook_data=self.hook_data)
+
 
 def init_draft(config: DraftConfig, key: jax.Array, dtype=jnp.float32) -> Draft:
     """A randomly initialised draft: N(0, initializer_range) kernels, zero biases, unit norms (HF ``post_init``)."""
@@ -197,3 +217,87 @@ def init_draft(config: DraftConfig, key: jax.Array, dtype=jnp.float32) -> Draft:
     pos = jnp.zeros((1, 1), jnp.int32)
     variables = module.init(key, x, pos, method=DraftLayer.init_all)
     return Draft(config=config, variables=jax.tree_util.tree_map(lambda a: a.astype(dtype), variables))
+
+
+# ------------------------------------------------------------------------------------------------ runtime
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftSettings:
+    """Everything static about running a draft inside a compiled loop (part of a jit cache key)."""
+
+    config: DraftConfig
+    dtype: Any                         # parameter and compute dtype
+    impl: str = "auto"                 # attention implementation (longspec_jax.attention.resolve_impl)
+    logits_hook: Callable | None = None
+
+    @property
+    def module(self) -> DraftLayer:
+        return DraftLayer(self.config, self.dtype)
+
+
+@struct.dataclass
+class DraftWeights:
+    """The draft's traced inputs: Flax variables and the optional logits-hook data."""
+
+    variables: dict
+    hook_data: Any = None
+
+
+def draft_self_kv(ds: DraftSettings, weights: DraftWeights, target_params, tokens_BxT, positions_BxT):
+    """Self-attention K (roped) and V of tokens at positions, ``[B, T, K, D]`` each."""
+    x_BxTxd = embed_tokens(target_params, tokens_BxT).astype(ds.dtype)
+    return ds.module.apply(weights.variables, x_BxTxd, positions_BxT, method=DraftLayer.self_kv)
+
+
+def draft_log_probs(ds: DraftSettings, weights: DraftWeights, target_params, cache: KVCache, ring: RingCache,
+                    tokens_BxT, positions_BxT, new_k_BxNxKxD, new_v_BxNxKxD, new_mask_BxTxN):
+    """Draft log-softmax ``[B, T, V]`` (float32) for tokens at ``positions``: windowed self-attention over the
+    ring plus the new keys under ``new_mask``; cross-attention to the target's last layer, slots
+    ``[0, lengths)``."""
+
+    def attend_self(q_BxTxHxD):
+        return windowed_ring_attention(q_BxTxHxD, positions_BxT, ring.k, ring.v, ring.pos, ds.config.window,
+                                       new_k_BxNxKxD, new_v_BxNxKxD, new_mask_BxTxN, impl=ds.impl)[0]
+
+    def attend_cross(q_BxTxHxD):
+        return cache_attention(q_BxTxHxD, cache.k[-1], cache.v[-1], cache.lengths, impl=ds.impl)[0]
+
+    x_BxTxd = embed_tokens(target_params, tokens_BxT).astype(ds.dtype)
+    y_BxTxd = ds.module.apply(weights.variables, x_BxTxd, positions_BxT, attend_self, attend_cross)
+    logits_BxTxV = lm_head_logits(target_params, y_BxTxd.astype(target_params["embed"].dtype))
+    if ds.logits_hook is not None:
+        logits_BxTxV = ds.logits_hook(logits_BxTxV, positions_BxT, weights.hook_data)
+    return jax.nn.log_softmax(logits_BxTxV, axis=-1)
+
+
+def draft_prefill(ds: DraftSettings, weights: DraftWeights, target_params, tokens_BxT,
+                  prompt_lengths_B) -> RingCache:
+    """Fills the ring with the self-attention K/V of each prompt's last ``ring_capacity`` positions (the draft's
+    other prefill outputs are never used)."""
+    B, T = tokens_BxT.shape
+    c = ds.config
+    span = min(c.ring_capacity, T)
+    positions_BxS = prompt_lengths_B[:, None] - span + jnp.arange(span)[None]
+    valid_BxS = positions_BxS >= 0
+    safe_BxS = jnp.maximum(positions_BxS, 0)
+    k, v = draft_self_kv(ds, weights, target_params, jnp.take_along_axis(tokens_BxT, safe_BxS, 1), safe_BxS)
+    ring = RingCache.empty(B, c.ring_capacity, c.num_kv_heads, c.head_dim, ds.dtype)
+    return ring.write(k, v, positions_BxS, valid_BxS)
+
+
+def draft_root(ds: DraftSettings, weights: DraftWeights, target_params, cache: KVCache, ring: RingCache,
+               pending_BxA, num_pending_B):
+    """Step 0: stores the pending tokens' K/V in the ring and returns the draft's distribution after the root
+    ``[B, V]`` and the ring. Only the root's full layer output is needed; the other pending tokens contribute
+    K/V only."""
+    A = pending_BxA.shape[1]
+    root_pos_B = cache.lengths
+    offsets_1xA = jnp.arange(A)[None]
+    positions_BxA = root_pos_B[:, None] - num_pending_B[:, None] + 1 + offsets_1xA
+    valid_BxA = offsets_1xA < num_pending_B[:, None]
+    k, v = draft_self_kv(ds, weights, target_params, pending_BxA, positions_BxA)
+    root_Bx1 = jnp.take_along_axis(pending_BxA, num_pending_B[:, None] - 1, axis=1)
+    logp_Bx1xV = draft_log_probs(ds, weights, target_params, cache, ring, root_Bx1, root_pos_B[:, None], k, v,
+                                 valid_BxA[:, None, :])
+    return logp_Bx1xV[:, 0], ring.write(k, v, positions_BxA, valid_BxA)

@@ -1,4 +1,5 @@
-"""Fixed-capacity KV cache pytree for the target: one K and one V array per layer, per-sequence lengths."""
+"""Caches: the target's fixed-capacity KV cache (one K and one V array per layer, per-sequence lengths) with the
+commit of a speculative round, and the draft's ring cache."""
 
 from __future__ import annotations
 
@@ -44,6 +45,22 @@ def write_rows(buffer_BxSxKxD: jax.Array, new_BxTxKxD: jax.Array, start_B: jax.A
     def write_one(buf, new, start):
         return jax.lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), start, axis=0)
     return jax.vmap(write_one)(buffer_BxSxKxD, new_BxTxKxD, start_B)
+
+
+def compact_path(buffer_BxSxKxD, path_BxA, root_B):
+    """Copies the rows at slots ``root + path[j]`` to slots ``root + j`` (accepted tree nodes made consecutive)."""
+    src_BxAx1x1 = (root_B[:, None] + path_BxA)[:, :, None, None]
+    return write_rows(buffer_BxSxKxD, jnp.take_along_axis(buffer_BxSxKxD, src_BxAx1x1, axis=1), root_B)
+
+
+def commit(cache: KVCache, path_BxA, count_B, active_B) -> KVCache:
+    """After verification wrote the tree's K/V at slots ``lengths + node index``: moves the accepted nodes' K/V
+    (every layer) to consecutive slots after the root's, and commits the root and the accepted nodes of active
+    sequences."""
+    root_B = cache.lengths
+    return cache.replace(k=tuple(compact_path(b, path_BxA, root_B) for b in cache.k),
+                         v=tuple(compact_path(b, path_BxA, root_B) for b in cache.v),
+                         lengths=jnp.where(active_B, root_B + count_B, root_B))
 
 
 @struct.dataclass

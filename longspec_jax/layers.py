@@ -1,4 +1,4 @@
-"""Small building blocks shared by the target and the draft: RMSNorm, linear maps, SwiGLU."""
+"""Small building blocks shared by the target and the draft: RMSNorm and linear maps."""
 
 from __future__ import annotations
 
@@ -18,8 +18,3 @@ def linear(x, kernel_INxOUT, bias_OUT=None):
     y = jnp.dot(x, kernel_INxOUT)
     return y if bias_OUT is None else y + bias_OUT
 
-
-def swiglu(x, gate_kernel, up_kernel, down_kernel, gate_bias=None, up_bias=None, down_bias=None):
-    """``down(silu(gate(x)) * up(x))``."""
-    hidden = jax.nn.silu(linear(x, gate_kernel, gate_bias)) * linear(x, up_kernel, up_bias)
-    return linear(hidden, down_kernel, down_bias)

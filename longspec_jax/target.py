@@ -91,24 +91,33 @@ def lm_head_logits(params: dict, hidden_BxTxD: jax.Array) -> jax.Array:
     return jnp.dot(hidden_BxTxD, kernel, preferred_element_type=jnp.float32)
 
 
-def _attention_block(layer: dict, config: TargetConfig, x, cos, sin, k_cache, v_cache, lengths, new_mask,
-                     impl: str):
-    B, T, _ = x.shape
+def _qkv(layer: dict, config: TargetConfig, x_BxTxd, cos_BxTxD, sin_BxTxD):
+    """Roped queries ``[B, T, H, Dh]`` and keys, and values ``[B, T, K, Dh]`` of one layer."""
+    B, T, _ = x_BxTxd.shape
     H, K, hd = config.num_heads, config.num_kv_heads, config.head_dim
-    qkv = linear(x, layer["wqkv"], layer.get("bqkv"))
-    q = qkv[..., :H * hd].reshape(B, T, H, hd)
-    k = qkv[..., H * hd:(H + K) * hd].reshape(B, T, K, hd)
-    v = qkv[..., (H + K) * hd:].reshape(B, T, K, hd)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    o, _ = hybrid_tree_attention(q, k_cache, v_cache, lengths, k, v, new_mask, impl=impl)
-    out = linear(o.reshape(B, T, H * hd), layer["wo"], layer.get("bo"))
-    return out, write_rows(k_cache, k, lengths), write_rows(v_cache, v, lengths)
+    qkv_BxTxF = linear(x_BxTxd, layer["wqkv"], layer.get("bqkv"))
+    q_BxTxHxD = qkv_BxTxF[..., :H * hd].reshape(B, T, H, hd)
+    k_BxTxKxD = qkv_BxTxF[..., H * hd:(H + K) * hd].reshape(B, T, K, hd)
+    v_BxTxKxD = qkv_BxTxF[..., (H + K) * hd:].reshape(B, T, K, hd)
+    return apply_rope(q_BxTxHxD, cos_BxTxD, sin_BxTxD), apply_rope(k_BxTxKxD, cos_BxTxD, sin_BxTxD), v_BxTxKxD
 
 
-def _mlp_block(layer: dict, config: TargetConfig, x):
-    gate_up = linear(x, layer["w_gate_up"], layer.get("b_gate_up"))
-    gate, up = gate_up[..., :config.intermediate_size], gate_up[..., config.intermediate_size:]
-    return linear(jax.nn.silu(gate) * up, layer["w_down"], layer.get("b_down"))
+def _attention_block(layer: dict, config: TargetConfig, x_BxTxd, cos_BxTxD, sin_BxTxD, k_cache_BxSxKxD,
+                     v_cache_BxSxKxD, lengths_B, new_mask_BxTxT, impl: str):
+    B, T, _ = x_BxTxd.shape
+    q_BxTxHxD, k_BxTxKxD, v_BxTxKxD = _qkv(layer, config, x_BxTxd, cos_BxTxD, sin_BxTxD)
+    o_BxTxHxD, _ = hybrid_tree_attention(q_BxTxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, k_BxTxKxD,
+                                         v_BxTxKxD, new_mask_BxTxT, impl=impl)
+    out_BxTxd = linear(o_BxTxHxD.reshape(B, T, -1), layer["wo"], layer.get("bo"))
+    return (out_BxTxd, write_rows(k_cache_BxSxKxD, k_BxTxKxD, lengths_B),
+            write_rows(v_cache_BxSxKxD, v_BxTxKxD, lengths_B))
+
+
+def _mlp_block(layer: dict, config: TargetConfig, x_BxTxd):
+    gate_up_BxTx2I = linear(x_BxTxd, layer["w_gate_up"], layer.get("b_gate_up"))
+    I = config.intermediate_size
+    return linear(jax.nn.silu(gate_up_BxTx2I[..., :I]) * gate_up_BxTx2I[..., I:], layer["w_down"],
+                  layer.get("b_down"))
 
 
 def forward(params: dict, config: TargetConfig, tokens_BxT: jax.Array, positions_BxT: jax.Array,
@@ -119,19 +128,19 @@ def forward(params: dict, config: TargetConfig, tokens_BxT: jax.Array, positions
     row of ``new_mask`` allows. Its K/V are written at slot ``cache.lengths[b] + t`` in every layer; the
     lengths are not advanced (the caller commits). Returns the final-normed hidden states ``[B, T, d]``.
     """
-    cos, sin = rope_tables(positions_BxT, inverse_frequencies(config.rope, config.head_dim))
-    x = embed_tokens(params, tokens_BxT)
+    cos_BxTxD, sin_BxTxD = rope_tables(positions_BxT, inverse_frequencies(config.rope, config.head_dim))
+    x_BxTxd = embed_tokens(params, tokens_BxT)
     new_k, new_v = [], []
     for i, layer in enumerate(params["layers"]):
-        h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
-        attn, k_i, v_i = _attention_block(layer, config, h, cos, sin, cache.k[i], cache.v[i], cache.lengths,
-                                          new_mask_BxTxT, impl)
-        x = x + attn
-        x = x + _mlp_block(layer, config, rms_norm(x, layer["mlp_norm"], config.rms_norm_eps))
+        h_BxTxd = rms_norm(x_BxTxd, layer["attn_norm"], config.rms_norm_eps)
+        attn_BxTxd, k_i, v_i = _attention_block(layer, config, h_BxTxd, cos_BxTxD, sin_BxTxD, cache.k[i],
+                                                cache.v[i], cache.lengths, new_mask_BxTxT, impl)
+        x_BxTxd = x_BxTxd + attn_BxTxd
+        x_BxTxd = x_BxTxd + _mlp_block(layer, config, rms_norm(x_BxTxd, layer["mlp_norm"], config.rms_norm_eps))
         new_k.append(k_i)
         new_v.append(v_i)
-    hidden = rms_norm(x, params["final_norm"], config.rms_norm_eps)
-    return hidden, cache.replace(k=tuple(new_k), v=tuple(new_v))
+    hidden_BxTxd = rms_norm(x_BxTxd, params["final_norm"], config.rms_norm_eps)
+    return hidden_BxTxd, cache.replace(k=tuple(new_k), v=tuple(new_v))
 
 
 def prefill(params: dict, config: TargetConfig, tokens_BxT: jax.Array, prompt_lengths_B: jax.Array,
@@ -144,23 +153,22 @@ def prefill(params: dict, config: TargetConfig, tokens_BxT: jax.Array, prompt_le
     B, T = tokens_BxT.shape
     if T % chunk:
         raise ValueError(f"padded prompt length {T} must be a multiple of the prefill chunk {chunk}")
-    causal = jnp.tril(jnp.ones((chunk, chunk), bool))
-    mask = jnp.broadcast_to(causal, (B, chunk, chunk))
+    mask_BxCxC = jnp.broadcast_to(jnp.tril(jnp.ones((chunk, chunk), bool)), (B, chunk, chunk))
     last_index_B = prompt_lengths_B - 1
 
     def body(c, carry):
-        cache, last_hidden = carry
+        cache, last_hidden_Bxd = carry
         start = c * chunk
-        tokens = jax.lax.dynamic_slice_in_dim(tokens_BxT, start, chunk, axis=1)
-        positions = jnp.broadcast_to(start + jnp.arange(chunk, dtype=jnp.int32), (B, chunk))
+        tokens_BxC = jax.lax.dynamic_slice_in_dim(tokens_BxT, start, chunk, axis=1)
+        positions_BxC = jnp.broadcast_to(start + jnp.arange(chunk, dtype=jnp.int32), (B, chunk))
         cache = cache.replace(lengths=jnp.full((B,), start, jnp.int32))
-        hidden, cache = forward(params, config, tokens, positions, cache, mask, impl=impl)
-        local = jnp.clip(last_index_B - start, 0, chunk - 1)
-        picked = jnp.take_along_axis(hidden, local[:, None, None], axis=1)[:, 0]
-        in_chunk = (last_index_B >= start) & (last_index_B < start + chunk)
-        return cache, jnp.where(in_chunk[:, None], picked, last_hidden)
+        hidden_BxCxd, cache = forward(params, config, tokens_BxC, positions_BxC, cache, mask_BxCxC, impl=impl)
+        local_B = jnp.clip(last_index_B - start, 0, chunk - 1)
+        picked_Bxd = jnp.take_along_axis(hidden_BxCxd, local_B[:, None, None], axis=1)[:, 0]
+        in_chunk_B = (last_index_B >= start) & (last_index_B < start + chunk)
+        return cache, jnp.where(in_chunk_B[:, None], picked_Bxd, last_hidden_Bxd)
 
-    init_hidden = jnp.zeros((B, config.hidden_size), params["embed"].dtype)
-    cache, last_hidden = jax.lax.fori_loop(0, T // chunk, body, (cache, init_hidden))
-    logits = lm_head_logits(params, last_hidden[:, None])[:, 0]
-    return logits, cache.replace(lengths=prompt_lengths_B.astype(jnp.int32))
+    init_hidden_Bxd = jnp.zeros((B, config.hidden_size), params["embed"].dtype)
+    cache, last_hidden_Bxd = jax.lax.fori_loop(0, T // chunk, body, (cache, init_hidden_Bxd))
+    logits_BxV = lm_head_logits(params, last_hidden_Bxd[:, None])[:, 0]
+    return logits_BxV, cache.replace(lengths=prompt_lengths_B.astype(jnp.int32))

@@ -1,5 +1,5 @@
-"""Static token-tree shapes, dynamic beam-search expansion, and lossless acceptance (reference.md 2.3, 2.6;
-architecture.md section 5).
+"""Static token-tree shapes, dynamic beam-search expansion, the tree build of a speculative round, and the
+lossless acceptance walk (reference.md 2.3, 2.6; architecture.md section 5).
 
 Node 0 is the root (the last accepted token); level k holds ``tree_shape[k-1]`` nodes at indices
 ``[offsets[k-1], offsets[k])``. Parents always have smaller indices than their children, so indices grow with
@@ -14,6 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+
+from longspec_jax.draft import DraftSettings, DraftWeights, draft_log_probs, draft_self_kv
+from longspec_jax.kv_cache import KVCache, RingCache
 
 MAX_TREE_NODES = 512
 
@@ -94,6 +97,76 @@ def add_level_to_mask(mask_BxNxN: jax.Array, parents_BxW: jax.Array, start: int)
     parent_rows = jnp.take_along_axis(mask_BxNxN, parents_BxW[:, :, None], axis=1)
     own = jax.nn.one_hot(start + jnp.arange(W), N, dtype=bool)[None]
     return jax.lax.dynamic_update_slice_in_dim(mask_BxNxN, parent_rows | own, start, axis=1)
+
+
+@struct.dataclass
+class Tree:
+    tokens: jax.Array      # [B, N] int32, node 0 = root
+    parents: jax.Array     # [B, N] int32 (root: 0)
+    mask: jax.Array        # [B, N, N] bool ancestor-or-self
+    draft_logp: jax.Array  # [B, N, V] float32 draft log-probs after each node (0 for the last level, never run)
+
+
+@struct.dataclass
+class TreeBuilder:
+    """A tree during beam search: the nodes so far, their cumulative draft log-probs, and the draft's
+    self-attention K/V of the nodes it has run on (nodes 1..N-1; the root is in the ring)."""
+
+    tree: Tree
+    scores: jax.Array  # [B, N] float32
+    tree_k: jax.Array  # [B, N - 1, K, D]
+    tree_v: jax.Array
+
+
+def _add_level(spec: TreeSpec, builder: TreeBuilder, level: int, parents_local_BxW, tokens_BxW, scores_BxW,
+               parent_start: int) -> TreeBuilder:
+    nodes = spec.level(level)
+    parents_BxW = parent_start + parents_local_BxW
+    t = builder.tree
+    tree = t.replace(tokens=t.tokens.at[:, nodes].set(tokens_BxW), parents=t.parents.at[:, nodes].set(parents_BxW),
+                     mask=add_level_to_mask(t.mask, parents_BxW, nodes.start))
+    return builder.replace(tree=tree, scores=builder.scores.at[:, nodes].set(scores_BxW))
+
+
+def start_tree(spec: TreeSpec, ds: DraftSettings, root_B, logp_root_BxV) -> TreeBuilder:
+    """The root and level 1: the draft's top-c1 tokens after the root."""
+    c = ds.config
+    B, N = root_B.shape[0], spec.num_nodes
+    tree = Tree(tokens=jnp.zeros((B, N), jnp.int32).at[:, 0].set(root_B), parents=jnp.zeros((B, N), jnp.int32),
+                mask=jnp.broadcast_to(jnp.eye(N, dtype=bool), (B, N, N)),
+                draft_logp=jnp.zeros((B, N, logp_root_BxV.shape[-1]), jnp.float32).at[:, 0].set(logp_root_BxV))
+    tree_k = jnp.zeros((B, N - 1, c.num_kv_heads, c.head_dim), ds.dtype)
+    builder = TreeBuilder(tree=tree, scores=jnp.zeros((B, N), jnp.float32), tree_k=tree_k,
+                          tree_v=jnp.zeros_like(tree_k))
+    first = expand_level(jnp.zeros((B, 1), jnp.float32), logp_root_BxV[:, None], spec.shape[0])
+    return _add_level(spec, builder, 1, *first, parent_start=0)
+
+
+def grow_tree(spec: TreeSpec, ds: DraftSettings, weights: DraftWeights, target_params, cache: KVCache,
+              ring: RingCache, builder: TreeBuilder, level: int) -> TreeBuilder:
+    """Runs the draft on tree level ``level`` (all its nodes at once) and adds level ``level + 1``: the global
+    top-c of (cumulative log-prob + child log-prob) over all children of the level."""
+    nodes = spec.level(level)
+    tokens_BxW = builder.tree.tokens[:, nodes]
+    positions_BxW = jnp.broadcast_to(cache.lengths[:, None] + level, tokens_BxW.shape)
+    k, v = draft_self_kv(ds, weights, target_params, tokens_BxW, positions_BxW)
+    builder = builder.replace(tree_k=builder.tree_k.at[:, nodes.start - 1:nodes.stop - 1].set(k),
+                              tree_v=builder.tree_v.at[:, nodes.start - 1:nodes.stop - 1].set(v))
+    logp_BxWxV = draft_log_probs(ds, weights, target_params, cache, ring, tokens_BxW, positions_BxW, builder.tree_k,
+                                 builder.tree_v, builder.tree.mask[:, nodes, 1:])
+    builder = builder.replace(tree=builder.tree.replace(
+        draft_logp=builder.tree.draft_logp.at[:, nodes].set(logp_BxWxV)))
+    children = expand_level(builder.scores[:, nodes], logp_BxWxV, spec.shape[level])
+    return _add_level(spec, builder, level + 1, *children, parent_start=nodes.start)
+
+
+def build_tree(spec: TreeSpec, ds: DraftSettings, weights: DraftWeights, target_params, cache: KVCache,
+               ring: RingCache, root_B, logp_root_BxV) -> Tree:
+    """Dynamic beam search over ``spec.shape``; the draft runs once per level 1..depth-1."""
+    builder = start_tree(spec, ds, root_B, logp_root_BxV)
+    for level in range(1, spec.depth):
+        builder = grow_tree(spec, ds, weights, target_params, cache, ring, builder, level)
+    return builder.tree
 
 
 @struct.dataclass

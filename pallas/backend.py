@@ -24,7 +24,7 @@ BACKENDS = ("triton", "interpret")
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
-__all__ = ["BACKENDS", "resolve_backend", "pallas_call_options", "triton_compiler_params", "next_pow2",
+__all__ = ["BACKENDS", "resolve_backend", "pallas_call_options", "triton_compiler_params",
            "dot_f32", "dot_precision", "online_softmax_step", "finalize_softmax"]
 
 
@@ -59,12 +59,6 @@ def pallas_call_options(backend: str, *, num_warps: int | None = None, num_stage
     if backend == "triton":
         return {"compiler_params": triton_compiler_params(num_warps, num_stages)}
     raise ValueError(f"backend {backend!r} has no pallas_call lowering here")
-
-
-def next_pow2(n: int, minimum: int = 16) -> int:
-    """Smallest power of two >= max(n, minimum) (Triton tiles must be powers of two, dots need >= 16)."""
-    n = max(int(n), minimum)
-    return 1 << (n - 1).bit_length()
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -28,13 +28,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from pallas.backend import (LOG2E, dot_f32, dot_precision, finalize_softmax, next_pow2, online_softmax_step,
-                            pallas_call_options, resolve_backend)
-from pallas.reference import check_cache_operands, default_scale
+from pallas.backend import (LOG2E, dot_f32, dot_precision, finalize_softmax, online_softmax_step, pallas_call_options,
+                            resolve_backend)
+from pallas.reference import check_cache_operands, default_scale, merge_partials
+from pallas.sizes import NUM_SMS, ceil_div, next_pow2
 
-__all__ = ["cache_attention", "cache_attention_partials", "combine_splits", "default_config"]
+__all__ = ["cache_attention", "cache_attention_partials", "default_config"]
 
-NUM_SMS_DEFAULT = 132  # H100 / H200
 COMBINES = ("pallas", "xla")
 
 
@@ -44,10 +44,10 @@ def _cache_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, num_queries: 
     row_block, split, kv_head = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     length = jnp.clip(len_ref[()], 0, capacity)
     # This program's chunk of the valid prefix: num_splits equal chunks, each a whole number of key blocks.
-    chunk = ((length + num_splits - 1) // num_splits + block_k - 1) // block_k * block_k
+    chunk = ceil_div(ceil_div(length, num_splits), block_k) * block_k
     start = split * chunk
     end = jnp.minimum(start + chunk, length)
-    num_blocks = (jnp.maximum(end - start, 0) + block_k - 1) // block_k
+    num_blocks = ceil_div(jnp.maximum(end - start, 0), block_k)
 
     rows = row_block * block_r + jnp.arange(block_r)
     query = lax.div(rows, group)  # rows >= M * G are padding (query >= M)
@@ -104,24 +104,23 @@ def _combine_kernel(o_part_ref, lse_part_ref, o_ref, lse_ref, *, num_splits: int
 
 
 def default_config(batch: int, kv_heads: int, num_queries: int, group: int, capacity: int, *,
-                   head_dim: int = 128, itemsize: int = 2, num_sms: int = NUM_SMS_DEFAULT) -> dict:
+                   head_dim: int = 128, itemsize: int = 2, num_sms: int = NUM_SMS) -> dict:
     """Launch config used when the caller leaves block sizes / splits unset.
 
     Rows: one row block when ``M * G <= 128`` (K/V read once), else 128-row blocks (adjacent programs share
-    K/V tiles through L2; on the H200 sweep of 2026-11-29, M=74 at 32k: 128-row blocks with 16 splits took
-    212 us against 381 us for 64-row blocks with 7). Keys: tiles of at most 32 KiB (128 bf16 rows of 128) so
-    that K and V for ``num_stages`` pipeline stages fit in shared memory. Splits: about two programs per SM
-    in all (four when the rows need several blocks: those programs are compute-bound and short), capped so that
-    a chunk of a full cache keeps >= 2 key blocks, and at 64. Two pipeline stages: for decode at 32k they beat
-    three in both H200 sweeps of 2026-11-29 (41.6 against 44.2 us).
+    K/V tiles through L2). Keys: tiles of at most 32 KiB (128 bf16 rows of 128) so that K and V for
+    ``num_stages`` pipeline stages fit in shared memory. Splits: about two programs per SM in all (four when the
+    rows need several blocks: those programs are compute-bound and short), capped so that a chunk of a full
+    cache keeps >= 2 key blocks, and at 64. Two pipeline stages. The H200 sweeps behind these choices are in
+    docs/benchmarks.md (section 2).
     """
     rows = num_queries * group
-    block_r = next_pow2(rows) if rows <= 128 else 128
-    tile_rows = max(16, (32 * 1024) // (next_pow2(head_dim) * itemsize))
+    block_r = next_pow2(rows, 16) if rows <= 128 else 128
+    tile_rows = max(16, (32 * 1024) // (next_pow2(head_dim, 16) * itemsize))
     block_k = min(128, tile_rows)
-    num_row_blocks = pl.cdiv(rows, block_r)
+    num_row_blocks = ceil_div(rows, block_r)
     programs = batch * kv_heads * num_row_blocks
-    want = pl.cdiv((2 if num_row_blocks == 1 else 4) * num_sms, programs)
+    want = ceil_div((2 if num_row_blocks == 1 else 4) * num_sms, programs)
     max_splits = max(1, capacity // (2 * block_k))
     num_splits = int(max(1, min(want, max_splits, 64)))
     num_warps = 4 if block_r <= 32 else 8
@@ -136,7 +135,7 @@ def combine_config(num_splits: int, num_rows: int, head_dim: int) -> dict:
     split_pad = next_pow2(num_splits, minimum=2)
     block_rows = 16
     budget = max(1, 8192 // (split_pad * block_rows))
-    block_cols = min(next_pow2(head_dim), max(16, 1 << (budget.bit_length() - 1)))
+    block_cols = min(next_pow2(head_dim, 16), max(16, 1 << (budget.bit_length() - 1)))
     return dict(split_pad=split_pad, block_rows=block_rows, block_cols=block_cols)
 
 
@@ -151,9 +150,9 @@ def _lower_cache_attention(lengths, q, k_cache, v_cache, *, scale: float, backen
     B, M, H, D = q.shape
     S, K = k_cache.shape[1], k_cache.shape[2]
     G = H // K
-    block_d = next_pow2(D)
-    num_row_blocks = pl.cdiv(M * G, block_r)
-    m_pad = pl.cdiv(num_row_blocks * block_r, G)  # queries incl. the padding rows' (distinct) slots
+    block_d = next_pow2(D, 16)
+    num_row_blocks = ceil_div(M * G, block_r)
+    m_pad = ceil_div(num_row_blocks * block_r, G)  # queries incl. the padding rows' (distinct) slots
     kernel = functools.partial(
         _cache_kernel, num_queries=M, num_heads=H, group=G, capacity=S, head_dim=D, block_r=block_r,
         block_k=block_k, block_d=block_d, num_splits=num_splits, scale2=float(scale) * LOG2E,
@@ -183,7 +182,7 @@ def _lower_cache_attention(lengths, q, k_cache, v_cache, *, scale: float, backen
     if combine is None:
         return o_part, lse_part
     if combine == "xla":
-        o, lse = combine_splits(o_part[:, :, :M * H, :D], lse_part[:, :, :M * H])
+        o, lse = merge_partials(o_part[:, :, :M * H, :D], lse_part[:, :, :M * H])
         return o.reshape(B, M, H, D).astype(q.dtype), lse.reshape(B, M, H)
 
     cc = combine_config(num_splits, M * H, D)
@@ -191,7 +190,7 @@ def _lower_cache_attention(lengths, q, k_cache, v_cache, *, scale: float, backen
     combine_kernel = functools.partial(
         _combine_kernel, num_splits=num_splits, num_rows=M * H, head_dim=D, split_pad=split_pad,
         block_rows=block_rows, block_cols=block_cols)
-    grid = (pl.cdiv(M * H, block_rows), pl.cdiv(D, block_cols), B)
+    grid = (ceil_div(M * H, block_rows), ceil_div(D, block_cols), B)
     o, lse = pl.pallas_call(
         combine_kernel, grid=grid,
         in_specs=[pl.BlockSpec((split_pad, None, block_rows, block_cols), lambda r, c, b: (0, b, r, c)),
@@ -202,18 +201,6 @@ def _lower_cache_attention(lengths, q, k_cache, v_cache, *, scale: float, backen
         name="cache_attention_combine", **pallas_call_options(backend, num_warps=4, num_stages=1),
     )(o_part, lse_part)
     return o.reshape(B, M, H, D), lse.reshape(B, M, H)
-
-
-def combine_splits(o_part, lse_part):
-    """Exact float32 merge over the leading split axis of normalised partials (empty splits: lse = -inf)."""
-    m = jnp.max(lse_part, axis=0)
-    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-    w = jnp.exp(lse_part - m_safe[None])  # -inf -> 0
-    denom = jnp.sum(w, axis=0)
-    safe = jnp.where(denom > 0, denom, 1.0)
-    o = jnp.sum(w[..., None] * o_part.astype(jnp.float32), axis=0) / safe[..., None]
-    lse = jnp.where(denom > 0, m_safe + jnp.log(safe), -jnp.inf)
-    return o, lse
 
 
 def _resolve_config(q, k_cache, block_r, block_k, num_splits, num_warps, num_stages):

@@ -19,9 +19,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from pallas.backend import (LOG2E, dot_f32, dot_precision, finalize_softmax, next_pow2, online_softmax_step,
-                            pallas_call_options, resolve_backend)
+from pallas.backend import (LOG2E, dot_f32, dot_precision, finalize_softmax, online_softmax_step, pallas_call_options,
+                            resolve_backend)
 from pallas.reference import default_scale
+from pallas.sizes import ceil_div, next_pow2
 
 __all__ = ["tree_attention"]
 
@@ -68,9 +69,9 @@ def _lower_tree_attention(q, k, v, mask, *, scale: float, backend: str, block_m:
     B, M, H, D = q.shape
     N, K = k.shape[1], k.shape[2]
     G = H // K
-    block_d = next_pow2(D)
-    num_row_blocks = pl.cdiv(M, block_m)
-    num_key_blocks = pl.cdiv(N, block_n)
+    block_d = next_pow2(D, 16)
+    num_row_blocks = ceil_div(M, block_m)
+    num_key_blocks = ceil_div(N, block_n)
     keys_padded = num_key_blocks * block_n
 
     kernel = functools.partial(
@@ -126,8 +127,8 @@ def tree_attention(q_BxMxHxD, k_BxNxKxD, v_BxNxKxD, mask_BxMxN, *, scale=None, b
         raise ValueError(f"tree_attention: mask shape {mask_BxMxN.shape} != {(B, M, N)}")
     backend = resolve_backend(backend)
     scale = default_scale(D) if scale is None else scale
-    block_m = min(next_pow2(M), 64) if block_m is None else block_m
-    block_n = min(next_pow2(N), 128) if block_n is None else block_n
+    block_m = min(next_pow2(M, 16), 64) if block_m is None else block_m
+    block_n = min(next_pow2(N, 16), 128) if block_n is None else block_n
     for name, val in (("block_m", block_m), ("block_n", block_n)):
         if val < 16 or val & (val - 1):
             raise ValueError(f"tree_attention: {name}={val} must be a power of two >= 16")

@@ -1,4 +1,4 @@
-"""Draft parity: our Flax ``DraftLayer``, driven with the attention functions of infer/speculative.py, vs a
+"""Draft parity: our Flax ``DraftLayer``, driven with the attention functions of the draft's runtime, vs a
 test-only PyTorch draft layer written from reference.md section 1 (tests/torch_reference_draft.py).
 
 Random weights (biases and norm weights too), float32, GQA and MHA, default / linear / llama3 RoPE, sequences
@@ -10,7 +10,6 @@ compares the root distribution with the torch layer run over the whole sequence.
 from __future__ import annotations
 
 import functools
-import types
 
 import jax
 import jax.numpy as jnp
@@ -18,10 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from infer import speculative as spec
 from longspec_jax.attention import cache_attention, windowed_ring_attention
 from longspec_jax.config import RopeConfig, TargetConfig
-from longspec_jax.draft import Draft, DraftConfig, DraftLayer, init_draft
+from longspec_jax.draft import Draft, DraftConfig, DraftLayer, draft_prefill, draft_root, init_draft
 from longspec_jax.draft_io import draft_state_dict, hf_config_from_target_config
 from longspec_jax.kv_cache import RingCache, init_cache
 from longspec_jax.target import Target, forward, init_target_params
@@ -171,12 +169,6 @@ def test_window_and_gap_matter():
     assert np.abs(ours[:, 1:] - gap2[:, 1:]).max() > 1e-2
 
 
-def _draft_weights(variables):
-    """What infer.speculative passes as ``draft_vars`` (a DraftWeights wrapper where it has one)."""
-    wrapper = getattr(spec, "DraftWeights", None)
-    return wrapper(variables=variables) if wrapper is not None else variables
-
-
 @pytest.mark.parametrize("name", ["llama-gqa-llama3", "qwen2-mqa"])
 def test_prefill_and_root_match_torch_full_sequence(name):
     """draft_prefill fills the ring from the prompt; draft_root adds the pending tokens and returns the root's
@@ -197,25 +189,22 @@ def test_prefill_and_root_match_torch_full_sequence(name):
     pending = np.zeros((B, A), np.int32)
     for b in range(B):
         pending[b, :num_pending[b]] = tokens[b, committed[b]:lengths[b]]
-    settings = types.SimpleNamespace(base=types.SimpleNamespace(impl="xla"),
-                                     tree=types.SimpleNamespace(max_accept=A), draft_config=dc,
-                                     draft_dtype=jnp.float32, module=DraftLayer(dc, jnp.float32), logits_hook=None)
+    ds = draft.settings("xla")
 
     @jax.jit
-    def run(target_params, draft_variables, tokens):
+    def run(target_params, weights, tokens):
         # Target cache: K/V of positions 0 .. length-2 (the root is not in it yet).
         cache = init_cache(config.num_layers, B, 256, config.num_kv_heads, config.head_dim, jnp.float32)
         causal = jnp.broadcast_to(jnp.tril(jnp.ones((Tmax - 1, Tmax - 1), bool)), (B, Tmax - 1, Tmax - 1))
         positions = jnp.broadcast_to(jnp.arange(Tmax - 1, dtype=jnp.int32), (B, Tmax - 1))
         _, cache = forward(target_params, config, tokens[:, :-1], positions, cache, causal, impl="xla")
         cache = cache.replace(lengths=jnp.asarray(lengths - 1, jnp.int32))
-        draft_vars = _draft_weights(draft_variables)
-        ring = spec.draft_prefill(settings, draft_vars, target_params, tokens, jnp.asarray(committed))
-        state = types.SimpleNamespace(cache=cache, ring=ring, pending=jnp.asarray(pending),
-                                      num_pending=jnp.asarray(num_pending, jnp.int32))
-        return spec.draft_root(settings, draft_vars, target_params, state)[0], cache
+        ring = draft_prefill(ds, weights, target_params, tokens, jnp.asarray(committed))
+        logp_root, _ = draft_root(ds, weights, target_params, cache, ring, jnp.asarray(pending),
+                                  jnp.asarray(num_pending, jnp.int32))
+        return logp_root, cache
 
-    logp_root, cache = run(target.params, draft.variables, jnp.asarray(tokens))
+    logp_root, cache = run(target.params, draft.weights, jnp.asarray(tokens))
 
     hf = hf_config_from_target_config(config)
     model = torch_draft(draft, hf)

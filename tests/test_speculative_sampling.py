@@ -13,8 +13,8 @@ import pytest
 from scipy import stats
 
 from infer import generate
-from infer.speculative import plan_speculative, run_speculative
-from infer.vanilla import StopCriteria
+from infer.decoding import StopCriteria
+from infer.generate import plan_speculative, run_speculative
 from longspec_jax.config import TargetConfig
 from longspec_jax.kv_cache import init_cache
 from longspec_jax.sampling import SamplingConfig, sampling_log_probs

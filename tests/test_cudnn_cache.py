@@ -1,4 +1,4 @@
-"""The split-K cache half over a flash kernel (longspec_jax.flash_cache) and the attention impl choice.
+"""The split-K cache half over a flash kernel (longspec_jax.cudnn_cache) and the attention impl choice.
 
 On the CPU the per-chunk kernel is the pure-jnp stand-in, so everything around the kernel (folding the GQA group
 into the queries, cutting the cache into chunks with their own lengths, dropping empty chunks, the float32
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from longspec_jax import attention
-from longspec_jax.flash_cache import (MIN_CHUNK, cudnn_chunk_attention, cudnn_supports, default_num_splits,
-                                      flash_cache_attention, reference_chunk_attention)
+from longspec_jax.cudnn_cache import (MIN_CHUNK, cudnn_chunk_attention, cudnn_supports, default_num_splits,
+                                      cudnn_cache_attention, reference_chunk_attention)
 from pallas import cache_attention_reference
 
 TOL = {jnp.float32: 2e-5, jnp.bfloat16: 1.5e-2}
@@ -59,21 +59,21 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}M{c[1]}S{c[2]}H{c[3]}K{c[4]}D{c[5]}-"
                          f"{jnp.dtype(c[6]).name}-splits{c[8]}")
-def test_flash_cache_matches_reference(case):
+def test_cudnn_cache_matches_reference(case):
     B, M, S, H, K, D, dtype, lengths, splits = case
     q, k, v, lens = _inputs(*case[:8])
-    o, lse = flash_cache_attention(q, k, v, lens, num_splits=splits, chunk_attention=reference_chunk_attention)
+    o, lse = cudnn_cache_attention(q, k, v, lens, num_splits=splits, chunk_attention=reference_chunk_attention)
     assert o.shape == q.shape and o.dtype == q.dtype and lse.shape == (B, M, H)
     ref_o, ref_lse = cache_attention_reference(q, k, v, lens)
     _assert_close(o, lse, ref_o, ref_lse, dtype)
 
 
-def test_flash_cache_never_reads_beyond_length():
+def test_cudnn_cache_never_reads_beyond_length():
     """NaN in every slot at or beyond the valid length (a chunk past it included) must not reach the output."""
     B, M, S, H, K, D = 3, 4, 256, 8, 2, 64
     q, k, v, lens = _inputs(B, M, S, H, K, D, jnp.float32, [0, 100, 255])
     clean = jnp.arange(S)[None, :, None, None] < lens[:, None, None, None]
-    o, lse = flash_cache_attention(q, jnp.where(clean, k, jnp.nan), jnp.where(clean, v, jnp.nan), lens,
+    o, lse = cudnn_cache_attention(q, jnp.where(clean, k, jnp.nan), jnp.where(clean, v, jnp.nan), lens,
                                    num_splits=8, chunk_attention=_nan_safe_reference)
     ref_o, ref_lse = cache_attention_reference(q, jnp.where(clean, k, 0), jnp.where(clean, v, 0), lens)
     _assert_close(o, lse, ref_o, ref_lse, jnp.float32)
@@ -86,22 +86,22 @@ def _nan_safe_reference(q, k, v, lengths, scale):
     return reference_chunk_attention(q, jnp.where(valid, k, 0), jnp.where(valid, v, 0), lengths, scale)
 
 
-def test_flash_cache_scale_and_explicit_kernel_contract():
+def test_cudnn_cache_scale_and_explicit_kernel_contract():
     q, k, v, lens = _inputs(2, 3, 256, 4, 2, 32, jnp.float32, [256, 9])
-    o, lse = flash_cache_attention(q, k, v, lens, scale=0.3, num_splits=2, chunk_attention=reference_chunk_attention)
+    o, lse = cudnn_cache_attention(q, k, v, lens, scale=0.3, num_splits=2, chunk_attention=reference_chunk_attention)
     ref_o, ref_lse = cache_attention_reference(q, k, v, lens, 0.3)
     _assert_close(o, lse, ref_o, ref_lse, jnp.float32)
 
 
-def test_flash_cache_rejects_bad_shapes():
+def test_cudnn_cache_rejects_bad_shapes():
     q, k, v, lens = _inputs(2, 3, 256, 4, 2, 32, jnp.float32, [256, 9])
     with pytest.raises(ValueError, match="must be >= 1 and divide the capacity 256"):
-        flash_cache_attention(q, k, v, lens, num_splits=3, chunk_attention=reference_chunk_attention)
+        cudnn_cache_attention(q, k, v, lens, num_splits=3, chunk_attention=reference_chunk_attention)
     with pytest.raises(ValueError, match="not a multiple of 3 kv heads"):
-        flash_cache_attention(q, k[:, :, :1].repeat(3, 2), v[:, :, :1].repeat(3, 2), lens,
+        cudnn_cache_attention(q, k[:, :, :1].repeat(3, 2), v[:, :, :1].repeat(3, 2), lens,
                               chunk_attention=reference_chunk_attention)
     with pytest.raises(ValueError, match="lengths shape"):
-        flash_cache_attention(q, k, v, lens[:1], chunk_attention=reference_chunk_attention)
+        cudnn_cache_attention(q, k, v, lens[:1], chunk_attention=reference_chunk_attention)
 
 
 @pytest.mark.parametrize("batch,kv_heads,rows,capacity,expected", [
@@ -176,7 +176,7 @@ def test_cudnn_cache_half_on_gpu(M, heads, splits, lengths):
     H, K = heads
     B, S, D, dtype = 2, 4096, 128, jnp.bfloat16
     q, k, v, lens = _inputs(B, M, S, H, K, D, dtype, lengths, seed_tag="gpu")
-    o, lse = flash_cache_attention(q, k, v, lens, num_splits=splits, chunk_attention=cudnn_chunk_attention)
+    o, lse = cudnn_cache_attention(q, k, v, lens, num_splits=splits, chunk_attention=cudnn_chunk_attention)
     with jax.default_matmul_precision("highest"):
         ref_o, ref_lse = cache_attention_reference(q, k, v, lens)
     _assert_close(o, lse, ref_o, ref_lse, dtype)

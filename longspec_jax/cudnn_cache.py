@@ -10,7 +10,7 @@ first (no cache copy):
   ``[B, S, K, D] -> [B*splits, S/splits, K, D]`` (a free reshape), each with its own valid length
   ``clip(length - s*chunk, 0, chunk)``; the (small) folded queries are repeated per chunk;
 * one flash call returns each chunk's output and float32 LSE; chunks past the valid length are dropped and the
-  rest merged exactly in float32 (``pallas.cache_attention.combine_splits``).
+  rest merged exactly in float32 (:func:`pallas.reference.merge_partials`).
 
 The per-chunk kernel is a parameter: :func:`cudnn_chunk_attention` on a GPU, :func:`reference_chunk_attention`
 (pure jnp) for tests of everything around it on the CPU.
@@ -23,14 +23,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas.cache_attention import combine_splits
-from pallas.reference import cache_attention_reference, check_cache_operands, default_scale
+from pallas.reference import cache_attention_reference, check_cache_operands, default_scale, merge_partials
+from pallas.sizes import NUM_SMS, ceil_div
 
-__all__ = ["flash_cache_attention", "default_num_splits", "fold_group", "repeat_per_chunk", "cudnn_chunk_attention", "reference_chunk_attention",
-           "cudnn_supports", "CUDNN_DTYPES"]
+__all__ = ["cudnn_cache_attention", "default_num_splits", "fold_group", "repeat_per_chunk", "cudnn_chunk_attention",
+           "reference_chunk_attention", "cudnn_supports", "CUDNN_DTYPES"]
 
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
-NUM_SMS_DEFAULT = 132  # H100 / H200
 MIN_CHUNK = 512  # keys per chunk at least (short chunks spend their time in the per-tile prologue)
 QUERY_TILE = 128  # cuDNN's query tile on Hopper
 
@@ -68,20 +67,19 @@ def cudnn_supports(q_dtype, cache_dtype, head_dim: int) -> bool:
 
 
 def default_num_splits(batch: int, kv_heads: int, rows: int, capacity: int, *,
-                       num_sms: int = NUM_SMS_DEFAULT) -> int:
+                       num_sms: int = NUM_SMS) -> int:
     """Fewest chunks that fill the GPU: the smallest divisor of ``capacity`` (chunks of at least ``MIN_CHUNK``
     keys) whose thread blocks, ``tiles x splits``, number at least 90% of the SMs and fill their last wave to at
     least 85%; the most such chunks if none qualifies, 1 if the capacity is too short to split.
 
     Every extra chunk costs a copy of the folded queries and a partial output to merge, so fewer is better once
-    the SMs are busy. On the H200 (2026-11-29, 32k, bf16) this picks the measured best of 1..128 splits for
-    Llama-3-8B and Vicuna-7B heads with 1 and 74 queries (16, 16, 4, 4).
+    the SMs are busy (the H200 split sweep in docs/benchmarks.md checks this rule against the measured best).
     """
-    tiles = batch * kv_heads * -(-rows // QUERY_TILE)
+    tiles = batch * kv_heads * ceil_div(rows, QUERY_TILE)
     allowed = [n for n in range(1, capacity // MIN_CHUNK + 1) if capacity % n == 0]
     for n in allowed:
         blocks = tiles * n
-        waves = -(-blocks // num_sms)
+        waves = ceil_div(blocks, num_sms)
         if blocks >= 0.9 * num_sms and blocks >= 0.85 * waves * num_sms:
             return n
     return allowed[-1] if allowed else 1
@@ -103,7 +101,7 @@ def repeat_per_chunk(q_BxTxKxD, splits: int):
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "num_splits", "chunk_attention"))
-def flash_cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, *, scale=None,
+def cudnn_cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, *, scale=None,
                           num_splits: int | None = None, chunk_attention=cudnn_chunk_attention):
     """Every query attends to cache slots ``[0, lengths[b])`` (the contract of
     :func:`pallas.reference.cache_attention_reference`). Returns ``(o_BxMxHxD in q.dtype, lse_BxMxH float32)``.
@@ -112,13 +110,13 @@ def flash_cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B
     chunk_attention: the per-chunk flash kernel, ``(q [N,T,K,D], k [N,C,K,D], v, lengths [N], scale) ->
       (o [N,T,K,D], lse [N,T,K] float32)``.
     """
-    check_cache_operands("flash_cache_attention", q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B)
+    check_cache_operands("cudnn_cache_attention", q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B)
     B, M, H, D = q_BxMxHxD.shape
     S, K = k_cache_BxSxKxD.shape[1], k_cache_BxSxKxD.shape[2]
     G = H // K
     splits = default_num_splits(B, K, M * G, S) if num_splits is None else num_splits
     if splits < 1 or S % splits:
-        raise ValueError(f"flash_cache_attention: num_splits={splits} must be >= 1 and divide the capacity {S}")
+        raise ValueError(f"cudnn_cache_attention: num_splits={splits} must be >= 1 and divide the capacity {S}")
     chunk = S // splits
     scale = default_scale(D) if scale is None else scale
 
@@ -135,7 +133,7 @@ def flash_cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B
     o_NxTxKxD = jnp.where(has_keys[..., None], o_NxTxKxD, 0)
     o_PxBxTxKxD = o_NxTxKxD.reshape(B, splits, M * G, K, D).swapaxes(0, 1)
     lse_PxBxTxK = lse_NxTxK.reshape(B, splits, M * G, K).swapaxes(0, 1)
-    o, lse = combine_splits(o_PxBxTxKxD, lse_PxBxTxK)  # [B, T, K, D], [B, T, K]
+    o, lse = merge_partials(o_PxBxTxKxD, lse_PxBxTxK)  # [B, T, K, D], [B, T, K]
     o_BxMxHxD = o.reshape(B, M, G, K, D).swapaxes(2, 3).reshape(B, M, H, D)
     lse_BxMxH = lse.reshape(B, M, G, K).swapaxes(2, 3).reshape(B, M, H)
     return o_BxMxHxD.astype(q_BxMxHxD.dtype), lse_BxMxH
