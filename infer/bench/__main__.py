@@ -1,0 +1,35 @@
+"""``python -m infer.bench {decode,attention,spec} [options]``: runs one benchmark; ``... NAME --help`` lists its
+options. Each writes ``bench_NAME.json`` and ``bench_NAME.md`` under ``--out``; ``--smoke`` is a tiny CPU run."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "decode": "plain decode tokens/s: ours vs HF PyTorch generate vs the memory-bandwidth floor",
+    "attention": "hybrid tree attention and its kernels, in-loop timed, against the copy bandwidth",
+    "spec": "speculative decoding on an 8B-cost pair: tokens/s, tau, per-round phase times, draft-state bytes",
+}
+
+
+def usage() -> str:
+    lines = ["usage: python -m infer.bench {" + ",".join(COMMANDS) + "} [options]", "", "benchmarks:"]
+    lines += [f"  {name:<10} {text}" for name, text in COMMANDS.items()]
+    return "\n".join(lines + ["", "python -m infer.bench NAME --help lists the options of NAME."])
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
+        print(f"unknown benchmark {argv[0]!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    importlib.import_module(f"infer.bench.{argv[0]}").main(argv[1:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""What every benchmark shares: logging, in-loop timing, the copy-bandwidth ceiling, JSON + markdown output.
+
+In-loop timing: ``carry = step(carry, *consts)`` repeated ``reps`` times inside one jitted ``lax.fori_loop``,
+the carry donated (a KV cache in it is updated in place), so no per-call dispatch or copy is counted. The loop
+is compiled once per (step, reps, shapes); a warm-up call runs first, then ``calls`` timed calls (median).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+RESIZE_BELOW, RESIZE_ABOVE = 0.6, 10.0  # warm-up call shorter / longer than this x target_s: choose reps again
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def error_text(exc: BaseException, limit: int = 2000) -> str:
+    return f"{type(exc).__name__}: {exc}"[:limit]
+
+
+# ------------------------------------------------------------------------------------------------ timing
+
+@functools.cache
+def loop_runner(step: Callable, reps: int):
+    """jit(carry, *consts) -> carry after ``reps`` steps inside one ``fori_loop``; the carry is donated."""
+    return jax.jit(lambda carry, *consts: jax.lax.fori_loop(0, reps, lambda i, c: step(c, *consts), carry),
+                   donate_argnums=0)
+
+
+def loop_count(target_s: float, per_step_s: float, limit: int = 1_000_000) -> int:
+    """Steps for one call of about ``target_s`` seconds (at least 1, at most ``limit``)."""
+    return int(min(limit, max(1, math.ceil(target_s / max(per_step_s, 1e-8)))))
+
+
+@dataclasses.dataclass
+class LoopTime:
+    per_step_s: float         # median call / reps
+    call_s: float             # median of the timed calls
+    call_times_s: list[float]
+    reps: int
+    compile_s: float          # every compile of this measurement (a re-chosen reps compiles again)
+    first_call_s: float       # the warm-up call after the (last) compile
+    compiled: Any = dataclasses.field(repr=False)  # the executable, e.g. to inspect its HLO
+
+
+def _timed_call(compiled, carry, consts):
+    t0 = time.perf_counter()
+    carry = compiled(carry, *consts)
+    jax.block_until_ready(carry)
+    return time.perf_counter() - t0, carry
+
+
+def time_loop(step: Callable, carry, consts: tuple = (), reps: int = 1, calls: int = 1, *,
+              reset: Callable | None = None, target_s: float | None = None) -> tuple[LoopTime, Any]:
+    """Times ``carry = step(carry, *consts)`` repeated ``reps`` times in one jitted ``fori_loop``; returns the
+    timing and the final carry (keep it: the one passed in is donated).
+
+    ``reset(carry) -> carry`` runs untimed before each timed call (e.g. to rewind cache lengths). With
+    ``target_s``, ``reps`` is a first guess: if the warm-up call lasts under 0.6x or over 10x ``target_s``,
+    reps is chosen again from the measured time and the loop compiled once more."""
+    compile_s = 0.0
+    while True:
+        t0 = time.perf_counter()
+        compiled = loop_runner(step, reps).lower(carry, *consts).compile()
+        compile_s += time.perf_counter() - t0
+        first_s, carry = _timed_call(compiled, carry, consts)
+        if target_s is None or not (first_s < RESIZE_BELOW * target_s or (first_s > RESIZE_ABOVE * target_s
+                                                                          and reps > 1)):
+            break
+        new_reps = loop_count(target_s, first_s / reps)
+        if new_reps == reps:
+            break
+        reps, target_s = new_reps, None  # one re-choice at most
+    times = []
+    for _ in range(calls):
+        if reset is not None:
+            carry = reset(carry)
+        seconds, carry = _timed_call(compiled, carry, consts)
+        times.append(seconds)
+    call_s = statistics.median(times)
+    return LoopTime(per_step_s=call_s / reps, call_s=call_s, call_times_s=times, reps=reps, compile_s=compile_s,
+                    first_call_s=first_s, compiled=compiled), carry
+
+
+def net_of_overhead(per_step_s: float, empty_per_step_s: float) -> dict:
+    """An op's time = loop time per step - the empty loop's (same loop, identity op), in microseconds."""
+    return dict(us=(per_step_s - empty_per_step_s) * 1e6, raw_us=per_step_s * 1e6, overhead_us=empty_per_step_s * 1e6)
+
+
+# ------------------------------------------------------------------------------------------- copy ceiling
+
+def copy_bandwidth(smoke: bool, target_s: float = 0.025, calls: int = 5) -> dict:
+    """HBM ceiling: ``x + 1`` over a 1 GiB uint32 buffer (bytes = read + write), in the in-loop timing above.
+    ``dispatch`` cross-checks it with 10 chained dispatches of one jitted ``x + 1`` (median of 5 groups)."""
+    n = 2**12 if smoke else 2**28
+    nbytes = 4 * n
+    moved = 2 * nbytes
+    reps = 2 if smoke else max(2, math.ceil(target_s / (moved / 3.5e12)))
+    calls = 2 if smoke else max(1, calls)
+    t, x = time_loop(lambda a: a + jnp.uint32(1), jnp.zeros((n,), jnp.uint32), (), reps, calls)
+    bump = jax.jit(lambda a: a + jnp.uint32(1))
+    y = bump(x)
+    y.block_until_ready()
+    groups = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(10):
+            y = bump(y)
+        y.block_until_ready()
+        groups.append((time.perf_counter() - t0) / 10)
+    del x, y
+    t_dispatch = statistics.median(groups)
+    res = dict(buffer_bytes=nbytes, bytes=moved, seconds=t.per_step_s, iters=reps, calls=calls, call_s=t.call_s,
+               bytes_per_s=moved / t.per_step_s,
+               dispatch=dict(seconds=t_dispatch, bytes_per_s=moved / t_dispatch,
+                             method="10 chained dispatches, median of 5"))
+    log(f"copy: x + 1 over {nbytes / 2**30:.3f} GiB: in-jit loop {t.per_step_s * 1e6:.1f} us -> "
+        f"{res['bytes_per_s'] / 1e12:.3f} TB/s; chained dispatches {t_dispatch * 1e6:.1f} us -> "
+        f"{moved / t_dispatch / 1e12:.3f} TB/s (read + write)")
+    return res
+
+
+# ------------------------------------------------------------------------------------------------ output
+
+def md_row(cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def md_header(names) -> list[str]:
+    """A markdown table's header row and its separator."""
+    names = list(names)
+    return [md_row(names), "|" + "---|" * len(names)]
+
+
+def write_report(out_dir, name: str, report: dict, markdown: str) -> tuple[Path, Path]:
+    """``out_dir/name.json`` (every number) and ``out_dir/name.md``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = out / f"{name}.json", out / f"{name}.md"
+    paths[0].write_text(json.dumps(report, indent=1, default=str))
+    paths[1].write_text(markdown)
+    return paths
