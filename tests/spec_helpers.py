@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import jax
+from infer.bench import oracle
+from infer.bench.tiny import TINY, random_draft, tiny_target
+from longspec_jax.draft import Draft
 
-from longspec_jax import oracle
-from longspec_jax.config import TargetConfig
-from longspec_jax.draft import Draft, DraftConfig, init_draft
-from longspec_jax.target import Target, init_target_params
+__all__ = ["TINY", "ORACLE_SLOTS", "tiny_target", "random_draft", "oracle_draft"]
 
-TINY = TargetConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
-                    num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=4096)
 ORACLE_SLOTS = 512
-
-
-def tiny_target(seed: int, config: TargetConfig = TINY) -> Target:
-    # std 0.3 spreads the logits, so greedy argmax is never decided by float32 rounding.
-    return Target(config, init_target_params(config, jax.random.PRNGKey(seed), std=0.3))
-
-
-def random_draft(seed: int, config: TargetConfig = TINY, window: int = 16) -> Draft:
-    return init_draft(DraftConfig.from_target(config, window=window), jax.random.PRNGKey(seed))
 
 
 def oracle_draft(base: Draft, prompts, continuations, wrong_every: int = 0, phase: int = 0,
                  vocab_size: int = TINY.vocab_size, slots: int = ORACLE_SLOTS) -> Draft:
-    """:func:`longspec_jax.oracle.oracle_draft` with the tiny test model's defaults."""
+    """:func:`infer.bench.oracle.oracle_draft` with the tiny test model's defaults."""
     return oracle.oracle_draft(base, prompts, continuations, vocab_size, slots, wrong_every, phase)

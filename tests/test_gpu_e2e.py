@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from infer import generate
-from infer.near_tie import first_divergence, top2_logit_gap
+from infer.bench.near_tie import first_divergence, top2_logit_gap
 from longspec_jax import load_target
 from longspec_jax.draft import DraftConfig, init_draft
 from tests.spec_helpers import oracle_draft
@@ -69,7 +69,7 @@ def test_bf16_speculative_matches_greedy(attention):
 @pytest.mark.parametrize("attention", ["pallas", "auto"])
 def test_bf16_speculative_matches_greedy_at_32k(attention):
     """32k tokens of dev-split source (pygments, pyparsing, mpmath on the GPU box) as the prompt."""
-    from infer.bench_spec import dev_prompt_tokens
+    from infer.bench.spec_inputs import dev_prompt_tokens
 
     target = load_target(FIXTURE, dtype=jnp.bfloat16)
     target32 = load_target(FIXTURE, dtype=jnp.float32, load_tokenizer=False)

@@ -1,14 +1,14 @@
-"""infer.near_tie: first divergence of two token streams and the float32 top-2 logit gap after a prefix."""
+"""infer.bench.near_tie: first divergence of two token streams and the float32 top-2 logit gap after a prefix."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
 
-from infer.near_tie import first_divergence, greedy_top2_gaps, top2_logit_gap
+from infer.bench.near_tie import first_divergence, greedy_top2_gaps, top2_logit_gap
+from infer.bench.tiny import tiny_target
 from longspec_jax.kv_cache import init_cache
 from longspec_jax.target import forward, lm_head_logits
-from tests.spec_helpers import tiny_target
 
 
 def test_first_divergence():
