@@ -22,7 +22,7 @@ def usage() -> str:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage())
+        print(usage(), file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     if argv[0] not in COMMANDS:
         print(f"unknown benchmark {argv[0]!r}\n\n{usage()}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Autoregressive decode speed: our jitted decode loop vs HF PyTorch ``generate``, and the memory-bandwidth floor.
 
-    python -m infer.bench_decode --out DIR                       # on the GPU, about 5-6 minutes
-    python -m infer.bench_decode --out DIR --smoke               # tiny shapes on the CPU, seconds
+    python -m infer.bench decode --out DIR                       # on the GPU, about 5-6 minutes
+    python -m infer.bench decode --out DIR --smoke               # tiny shapes on the CPU, seconds
 
 Model: Llama-3-8B shapes (32 layers, d 4096, 32/8 heads of 128, MLP 14336, vocab 128256, untied), random bf16
 weights, batch 1, a prompt of random tokens at each context length; greedy.
@@ -12,16 +12,13 @@ starts (JAX preallocates 75% of the GPU): ``jax``, then ``hf`` (eager, sdpa), th
 results file, so a worker that fails or runs out of time still leaves what it measured.
 
 What is timed:
-  jax        the decode loop only: prefill once (own jit, XLA attention), then a jitted ``fori_loop`` of N calls of
-             ``infer.vanilla.decode_step`` (the step ``generate`` runs) with the KV cache donated; compile
-             excluded (one warm-up call), median of ``--reps`` calls. One cache capacity for all contexts, so
-             prefill and decode compile once; attention reads only the valid ``[0, length)`` prefix.
-  copy       device-to-device copy bandwidth: ``x + 1`` over a 1 GiB uint32 buffer, (read + write bytes) / time.
-  hf         ``model.generate(do_sample=False, min_new_tokens=max_new_tokens)``: time(N + 1 new tokens) -
-             time(1 new token), i.e. N decode steps without the prefill (which both calls do); one call of N + 1
-             and the best of two of 1, after a warm-up; wall time with ``torch.cuda.synchronize()`` around.
-  hf_static  the same with ``cache_implementation="static"`` (one cache size for all contexts), which makes
-             transformers ``torch.compile`` the decode step; the compile happens in an untimed warm-up call.
+  jax        the decode loop only: prefill once (untimed, XLA attention), then N calls of
+             ``infer.plain.decode_step`` (the step ``generate`` runs) in the harness's in-loop timing (one jitted
+             ``fori_loop``, KV cache donated); compile excluded (one warm-up call), median of ``--reps`` calls,
+             the cache lengths rewound before each. One cache capacity for all contexts, so prefill and decode
+             compile once; attention reads only the valid ``[0, length)`` prefix.
+  copy       the harness's copy bandwidth: ``x + 1`` over a 1 GiB uint32 buffer in the in-loop timing.
+  hf, hf_static  :mod:`infer.bench.hf_baseline`.
   floor      (all weight bytes + K/V bytes at that context) / copy bandwidth, per token. ``floor_strict`` leaves
              out the embedding table (only one row of it is read per token).
 Writes ``bench_decode.json`` (everything) and ``bench_decode.md`` (the table) to ``--out``.
@@ -34,12 +31,13 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
+
+from infer.bench.harness import copy_bandwidth, error_text, log, md_header, md_row, time_loop, write_report
 
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
                  num_kv_heads=8, head_dim=128, rope_theta=500000.0, rms_norm_eps=1e-5)
@@ -49,18 +47,17 @@ PARTS = ("jax", "hf", "hf_static")
 # Seconds each worker may run at most (the overall --budget-s cuts further).
 PART_LIMITS = {"jax": 300.0, "hf": 200.0, "hf_static": 200.0}
 PREFILL_CHUNK = 512
-
-
-def log(msg: str) -> None:
-    print(f"[bench_decode {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+SMOKE_CONTEXTS, SMOKE_NEW_TOKENS = "64,128", 16
+PROG = "python -m infer.bench decode"
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m infer.bench_decode", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="output directory for bench_decode.json / .md")
-    p.add_argument("--contexts", default="1024,16384,32768", help="prompt lengths, comma-separated")
-    p.add_argument("--new-tokens", type=int, default=128, help="decode steps timed per run")
+    p.add_argument("--contexts", help="prompt lengths, comma-separated (default 1024,16384,32768; with --smoke "
+                                      f"{SMOKE_CONTEXTS})")
+    p.add_argument("--new-tokens", type=int, help=f"decode steps timed per run (default 128; with --smoke "
+                                                  f"{SMOKE_NEW_TOKENS})")
     p.add_argument("--hf-new-tokens", type=int, default=0, help="decode steps for HF (0 = --new-tokens)")
     p.add_argument("--reps", type=int, default=3, help="timed runs per context for jax (median)")
     p.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
@@ -72,6 +69,9 @@ def parse_args(argv=None):
     p.add_argument("--worker", choices=PARTS, help=argparse.SUPPRESS)
     p.add_argument("--results", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
+    args.contexts = args.contexts or (SMOKE_CONTEXTS if args.smoke else "1024,16384,32768")
+    args.new_tokens = args.new_tokens or (SMOKE_NEW_TOKENS if args.smoke else 128)
     try:
         args.context_list = [int(x) for x in args.contexts.split(",") if x]
     except ValueError:
@@ -127,45 +127,30 @@ def jax_worker(args, record: Recorder) -> None:
     import jax.numpy as jnp
     import numpy as np
 
+    from infer.decoding import DecodeSettings
     from infer.generate import plan_shapes
-    from infer.vanilla import DecodeSettings, decode_step
+    from infer.plain import decode_step
     from longspec_jax.attention import resolve_impl
     from longspec_jax.config import RopeConfig, TargetConfig
     from longspec_jax.kv_cache import init_cache
     from longspec_jax.sampling import SamplingConfig
-    from longspec_jax.target import forward, init_target_params, lm_head_logits
+    from longspec_jax.target import init_target_params, prefill
+    from pallas.sizes import round_up
 
     s = shapes(args)
     dev = jax.devices()[0]
     record(kind="env", part="jax", device=str(getattr(dev, "device_kind", dev.platform)), backend=jax.default_backend(),
            jax=jax.__version__, python=platform.python_version())
-
-    # -- copy bandwidth
     try:
-        n = 2**12 if args.smoke else 2**28  # uint32: 1 GiB
-        x = jnp.zeros((n,), jnp.uint32)
-        bump = jax.jit(lambda a: a + jnp.uint32(1))
-        bump(x).block_until_ready()
-        times = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            y = x
-            for _ in range(10):
-                y = bump(y)
-            y.block_until_ready()
-            times.append((time.perf_counter() - t0) / 10)
-        t = statistics.median(times)
-        record(kind="copy", bytes=2 * x.nbytes, seconds=t, bytes_per_s=2 * x.nbytes / t)
-        del x, y
+        c = copy_bandwidth(args.smoke)
+        record(kind="copy", bytes=c["bytes"], seconds=c["seconds"], bytes_per_s=c["bytes_per_s"])
     except Exception as e:  # noqa: BLE001 - report and go on
         traceback.print_exc()
-        record(kind="copy", error=f"{type(e).__name__}: {e}"[:2000])
+        record(kind="copy", error=error_text(e))
 
-    # -- model
-    max_ctx = max(args.context_list)
     N = args.new_tokens
-    padded, chunk, _, capacity = plan_shapes(max_ctx, N, 1, PREFILL_CHUNK)
-    padded = -(-max_ctx // chunk) * chunk
+    _, chunk, _, capacity = plan_shapes(max(args.context_list), N, 1, PREFILL_CHUNK)
+    padded = round_up(max(args.context_list), chunk)
     config = TargetConfig(model_type="llama", vocab_size=s["vocab_size"], hidden_size=s["hidden_size"],
                           intermediate_size=s["intermediate_size"], num_layers=s["num_layers"],
                           num_heads=s["num_heads"], num_kv_heads=s["num_kv_heads"], head_dim=s["head_dim"],
@@ -179,46 +164,14 @@ def jax_worker(args, record: Recorder) -> None:
         f"{capacity}, prefill chunk {chunk}")
     record(kind="model", part="jax", param_bytes=int(nbytes), capacity=capacity, init_s=time.perf_counter() - t0)
 
-    @functools.partial(jax.jit, static_argnames=("settings",), donate_argnames=("cache",))
-    def prefill_fn(params, tokens_1xT, length, cache, settings):
-        """Chunked causal prefill of ``length`` tokens (a traced count of chunks: one compile for all contexts)."""
-        c = settings.prefill_chunk
-        mask = jnp.tril(jnp.ones((c, c), bool))[None]
-
-        def body(i, carry):
-            cache, _ = carry
-            start = i * c
-            toks = jax.lax.dynamic_slice_in_dim(tokens_1xT, start, c, axis=1)
-            pos = (start + jnp.arange(c, dtype=jnp.int32))[None]
-            cache = cache.replace(lengths=jnp.full((1,), start, jnp.int32))
-            hidden, cache = forward(params, settings.config, toks, pos, cache, mask, impl=settings.impl)
-            last = jnp.clip(length - 1 - start, 0, c - 1)
-            return cache, jax.lax.dynamic_index_in_dim(hidden, last, axis=1, keepdims=False)
-
-        init = (cache, jnp.zeros((1, settings.config.hidden_size), params["embed"].dtype))
-        cache, last_hidden = jax.lax.fori_loop(0, (length + c - 1) // c, body, init)
-        logits = lm_head_logits(params, last_hidden[:, None])[:, 0]
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32), cache.replace(lengths=jnp.full((1,), length))
-
-    @functools.partial(jax.jit, static_argnames=("settings", "steps"), donate_argnames=("cache",))
-    def decode_fn(params, cache, last_B, key, settings, steps):
-        """``steps`` greedy decode steps (``infer.vanilla.decode_step``), the cache updated in place."""
-        def body(i, carry):
-            cache, last, key, out = carry
-            key, sub = jax.random.split(key)
-            token, cache = decode_step(params, settings, cache, last, sub)
-            cache = cache.replace(lengths=cache.lengths + 1)
-            return cache, token, key, out.at[:, i].set(token)
-
-        out = jnp.zeros((last_B.shape[0], steps), jnp.int32)
-        cache, _, _, out = jax.lax.fori_loop(0, steps, body, (cache, last_B, key, out))
-        return out, cache
+    @functools.partial(jax.jit, donate_argnames=("cache",))
+    def prefill_fn(params, tokens_1xT, length_1, cache):
+        """The library's chunked prefill (XLA attention: one compile, whatever decode impl is measured)."""
+        logits_1xV, cache = prefill(params, config, tokens_1xT, length_1, cache, chunk=chunk, impl="xla")
+        return jnp.argmax(logits_1xV, axis=-1).astype(jnp.int32), cache
 
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(0, config.vocab_size, (1, padded)), jnp.int32)
-    # The prefill (not timed) always uses the XLA attention path: one compile, whatever decode impl is measured.
-    prefill_settings = DecodeSettings(config=config, sampling=SamplingConfig(), capacity=capacity,
-                                      prefill_chunk=chunk, out_len=N, prompt_len=padded, impl="xla")
     impls = [x for x in args.impls.split(",") if x]
     done_ok: dict[str, int] = {}
     i = 0
@@ -228,35 +181,45 @@ def jax_worker(args, record: Recorder) -> None:
         impl = resolve_impl(impl_name)
         settings = DecodeSettings(config=config, sampling=SamplingConfig(), capacity=capacity, prefill_chunk=chunk,
                                   out_len=N, prompt_len=padded, impl=impl)
+
+        def step(carry, params, settings=settings):
+            """One greedy decode step; the token goes to column ``i`` of the output buffer."""
+            cache, last_B, key, out_BxN, i = carry
+            key, sub = jax.random.split(key)
+            token_B, cache = decode_step(params, settings, cache, last_B, sub)
+            return cache.replace(lengths=cache.lengths + 1), token_B, key, out_BxN.at[:, i].set(token_B), i + 1
+
         cache = init_cache(config.num_layers, 1, capacity, config.num_kv_heads, config.head_dim, jnp.bfloat16)
         done_ok[impl_name] = 0
         for ctx in args.context_list:
             try:
                 t0 = time.perf_counter()
-                first, cache = prefill_fn(params, tokens, jnp.int32(ctx), cache, settings=prefill_settings)
+                first, cache = prefill_fn(params, tokens, jnp.full((1,), ctx, jnp.int32), cache)
                 first.block_until_ready()
                 prefill_s = time.perf_counter() - t0
-                key = jax.random.PRNGKey(1)
-                t0 = time.perf_counter()
-                out, cache = decode_fn(params, cache, first, key, settings=settings, steps=N)
-                out.block_until_ready()
-                warm_s = time.perf_counter() - t0
-                times = []
-                for _ in range(args.reps):
-                    cache = cache.replace(lengths=jnp.full((1,), ctx, jnp.int32))
-                    t0 = time.perf_counter()
-                    again, cache = decode_fn(params, cache, first, key, settings=settings, steps=N)
-                    again.block_until_ready()
-                    times.append(time.perf_counter() - t0)
-                same = bool(np.array_equal(np.asarray(out), np.asarray(again)))
-                t = statistics.median(times)
+                outs = []
+
+                def start(cache, ctx=ctx, first=first):
+                    """The prefilled state (slots written since stay unread); the whole carry is donated."""
+                    return (cache.replace(lengths=jnp.full((1,), ctx, jnp.int32)), jnp.copy(first),
+                            jax.random.PRNGKey(1), jnp.zeros((1, N), jnp.int32), jnp.int32(0))
+
+                def rewind(carry, outs=outs, start=start):
+                    outs.append(np.asarray(carry[3]))
+                    return start(carry[0])
+
+                t, carry = time_loop(step, start(cache), (params,), N, args.reps, reset=rewind)
+                cache = carry[0]
+                outs.append(np.asarray(carry[3]))
+                same = all(np.array_equal(outs[0], o) for o in outs[1:])
                 record(kind="decode", part="jax", impl=impl_name, resolved_impl=impl, context=ctx, new_tokens=N,
-                       seconds=t, all_seconds=times, ms_per_token=1e3 * t / N, tokens_per_s=N / t,
-                       first_call_s=warm_s, prefill_s=prefill_s, repeat_identical=same)
+                       seconds=t.call_s, all_seconds=t.call_times_s, ms_per_token=1e3 * t.per_step_s,
+                       tokens_per_s=1 / t.per_step_s, first_call_s=t.compile_s + t.first_call_s,
+                       prefill_s=prefill_s, repeat_identical=same)
                 done_ok[impl_name] += 1
             except Exception as e:  # noqa: BLE001 - report and go on
                 traceback.print_exc()
-                record(kind="decode", part="jax", impl=impl_name, context=ctx, error=f"{type(e).__name__}: {e}"[:2000])
+                record(kind="decode", part="jax", impl=impl_name, context=ctx, error=error_text(e))
                 if done_ok[impl_name] == 0:
                     log(f"impl {impl_name} failed at its first context: skipping its other contexts")
                     break
@@ -268,101 +231,10 @@ def jax_worker(args, record: Recorder) -> None:
             impls.append("xla")
 
 
-# ------------------------------------------------------------------------------------------------------ hf workers
-
-def hf_worker(args, record: Recorder, static: bool) -> None:
-    import numpy as np
-    import torch
-    import transformers
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    part = "hf_static" if static else "hf"
-    s = shapes(args)
-    cuda = torch.cuda.is_available() and not args.smoke
-    device = torch.device("cuda" if cuda else "cpu")
-    record(kind="env", part=part, device=torch.cuda.get_device_name() if cuda else "cpu", torch=torch.__version__,
-           transformers=transformers.__version__)
-    N = args.hf_new_tokens
-    max_len = max(args.context_list) + N + 1
-    config = LlamaConfig(vocab_size=s["vocab_size"], hidden_size=s["hidden_size"],
-                         intermediate_size=s["intermediate_size"], num_hidden_layers=s["num_layers"],
-                         num_attention_heads=s["num_heads"], num_key_value_heads=s["num_kv_heads"],
-                         head_dim=s["head_dim"], rms_norm_eps=s["rms_norm_eps"], rope_theta=s["rope_theta"],
-                         max_position_embeddings=max(max_len, 8192), tie_word_embeddings=False,
-                         bos_token_id=None, eos_token_id=None, pad_token_id=0, attn_implementation="sdpa")
-    t0 = time.perf_counter()
-    torch.manual_seed(0)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device(device), torch.no_grad():
-            model = LlamaForCausalLM(config)  # random init directly on the device
-    finally:
-        torch.set_default_dtype(previous)
-    model = model.to(torch.bfloat16).eval()
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    if cuda:
-        torch.cuda.synchronize()
-    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    record(kind="model", part=part, param_bytes=int(nbytes), init_s=time.perf_counter() - t0,
-           attn_implementation=model.config._attn_implementation)
-
-    gen_kwargs: dict = {}
-    if static:
-        gen_kwargs["cache_implementation"] = "static"
-        if hasattr(GenerationConfig(), "max_cache_len"):
-            gen_kwargs["max_cache_len"] = max_len  # one cache (and one compiled graph) for every context
-        if args.smoke:
-            gen_kwargs["disable_compile"] = True  # CPU smoke: exercise the static path without compiling
-
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
-    def run(ids, n):
-        sync()
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
-                                 min_new_tokens=n, **gen_kwargs)
-        sync()
-        elapsed = time.perf_counter() - t0
-        if out.shape[1] != ids.shape[1] + n:
-            raise RuntimeError(f"generate returned {out.shape[1] - ids.shape[1]} new tokens, expected {n}")
-        return elapsed
-
-    rng = np.random.default_rng(0)
-    contexts = sorted(args.context_list)
-    try:  # warm-up (CUDA/cuBLAS init; for hf_static the torch.compile of the decode step)
-        ids = torch.as_tensor(rng.integers(0, s["vocab_size"], (1, contexts[0])), device=device)
-        warm = run(ids, min(8, N))
-        record(kind="warmup", part=part, context=contexts[0], new_tokens=min(8, N), seconds=warm)
-    except Exception as e:  # noqa: BLE001
-        traceback.print_exc()
-        record(kind="warmup", part=part, error=f"{type(e).__name__}: {e}"[:2000])
-        if static:
-            return
-    for ctx in args.context_list:
-        try:
-            ids = torch.as_tensor(rng.integers(0, s["vocab_size"], (1, ctx)), device=device)
-            t1 = min(run(ids, 1), run(ids, 1))  # prefill + 1 token: cheap, so the best of two
-            tn = run(ids, N + 1)
-            t = tn - t1
-            record(kind="decode", part=part, context=ctx, new_tokens=N, seconds=t, ms_per_token=1e3 * t / N,
-                   tokens_per_s=N / t, generate_1_s=t1, generate_n_plus_1_s=tn,
-                   peak_mem_gb=torch.cuda.max_memory_allocated() / 1e9 if cuda else None)
-        except Exception as e:  # noqa: BLE001
-            traceback.print_exc()
-            record(kind="decode", part=part, context=ctx, error=f"{type(e).__name__}: {e}"[:2000])
-            if cuda:
-                torch.cuda.empty_cache()
-
-
 # ---------------------------------------------------------------------------------------------------- orchestration
 
 def run_worker(args, part: str, results: Path, timeout: float) -> dict:
-    cmd = [sys.executable, "-m", "infer.bench_decode", "--worker", part, "--results", str(results),
+    cmd = [sys.executable, "-m", "infer.bench", "decode", "--worker", part, "--results", str(results),
            "--out", args.out, "--contexts", args.contexts, "--new-tokens", str(args.new_tokens),
            "--hf-new-tokens", str(args.hf_new_tokens), "--reps", str(args.reps), "--impls", args.impls]
     if args.smoke:
@@ -374,7 +246,7 @@ def run_worker(args, part: str, results: Path, timeout: float) -> dict:
     log(f"worker {part}: starting (time limit {timeout:.0f} s)")
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, env=env, timeout=timeout, cwd=Path(__file__).resolve().parents[1])
+        proc = subprocess.run(cmd, env=env, timeout=timeout, cwd=Path(__file__).resolve().parents[2])
         status = "ok" if proc.returncode == 0 else f"exit code {proc.returncode}"
     except subprocess.TimeoutExpired:
         status = f"stopped after its {timeout:.0f} s limit"
@@ -416,7 +288,15 @@ def summarize(args, records: list[dict], workers: list[dict]) -> dict:
         date=datetime.datetime.now().isoformat(timespec="seconds"), smoke=args.smoke, shapes=s,
         weights=w, batch=1, new_tokens=args.new_tokens, hf_new_tokens=args.hf_new_tokens, reps=args.reps,
         copy_bandwidth_bytes_per_s=bw, workers=workers, rows=rows, records=records,
-        command=" ".join(["python -m infer.bench_decode"] + sys.argv[1:]))
+        command=" ".join([PROG] + args.argv))
+
+
+def _cell(entry) -> str:
+    if not entry:
+        return "-"
+    if "error" in entry:
+        return "error"
+    return f"{entry['ms_per_token']:.2f} ({entry['tokens_per_s']:.1f}/s)"
 
 
 def markdown(report: dict) -> str:
@@ -439,19 +319,10 @@ def markdown(report: dict) -> str:
     if jax_impls:
         header += [f"{jax_impls[0].replace('jax_', 'ours ')} / floor"]
         header += [f"{c} / ours" for c in cols if c.startswith("hf")]
-    lines.append("| " + " | ".join(header) + " |")
-    lines.append("|" + "---|" * len(header))
-
-    def cell(entry):
-        if not entry:
-            return "-"
-        if "error" in entry:
-            return "error"
-        return f"{entry['ms_per_token']:.2f} ({entry['tokens_per_s']:.1f}/s)"
-
+    lines += md_header(header)
     for row in report["rows"]:
         cells = [str(row["context"]), f"{row['floor_ms']:.2f}" if "floor_ms" in row else "-"]
-        cells += [cell(row.get(c)) for c in cols]
+        cells += [_cell(row.get(c)) for c in cols]
         if jax_impls:
             ours = row.get(jax_impls[0]) or {}
             ok = "ms_per_token" in ours
@@ -461,7 +332,7 @@ def markdown(report: dict) -> str:
                     other = row.get(c) or {}
                     cells.append(f"{other['ms_per_token'] / ours['ms_per_token']:.2f}x"
                                  if ok and "ms_per_token" in other else "-")
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(md_row(cells))
     lines += ["", "floor = (all weight bytes + K/V bytes at the context) / copy bandwidth; without the embedding "
               "table (one row is read per token): " + ", ".join(
                   f"{r['context']}: {r['floor_strict_ms']:.2f} ms" for r in report["rows"] if "floor_strict_ms" in r),
@@ -481,11 +352,13 @@ def main(argv=None) -> dict | None:
         if args.worker == "jax":
             jax_worker(args, record)
         else:
-            hf_worker(args, record, static=args.worker == "hf_static")
+            from infer.bench.hf_baseline import hf_worker
+            hf_worker(shapes(args), args.context_list, args.hf_new_tokens, args.smoke, record,
+                      static=args.worker == "hf_static")
         return None
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     results = out / "bench_decode_records.jsonl"
+    out.mkdir(parents=True, exist_ok=True)
     results.unlink(missing_ok=True)
     start = time.perf_counter()
     workers = []
@@ -497,16 +370,10 @@ def main(argv=None) -> dict | None:
             continue
         workers.append(run_worker(args, part, results, min(PART_LIMITS[part], left)))
         report = summarize(args, read_results(results), workers)
-        (out / "bench_decode.json").write_text(json.dumps(report, indent=1))
-        (out / "bench_decode.md").write_text(markdown(report))
+        write_report(out, "bench_decode", report, markdown(report))
     report = summarize(args, read_results(results), workers)
-    (out / "bench_decode.json").write_text(json.dumps(report, indent=1))
     md = markdown(report)
-    (out / "bench_decode.md").write_text(md)
+    paths = write_report(out, "bench_decode", report, md)
     print(md, flush=True)
-    log(f"total {time.perf_counter() - start:.0f} s; wrote {out / 'bench_decode.json'} and {out / 'bench_decode.md'}")
+    log(f"total {time.perf_counter() - start:.0f} s; wrote {paths[0]} and {paths[1]}")
     return report
-
-
-if __name__ == "__main__":
-    main()
