@@ -24,7 +24,7 @@ CUDNN_MIN_ROWS = 64
 
 __all__ = ["cache_attention_reference", "masked_attention_reference", "cache_attention_blockwise",
            "merge_attention", "naive_tree_attention", "hybrid_tree_attention", "cache_attention",
-           "windowed_ring_attention", "resolve_impl"]
+           "windowed_ring_attention", "causal_attention", "resolve_impl"]
 
 
 def cache_attention_blockwise(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, scale=None,
@@ -176,3 +176,18 @@ def windowed_ring_attention(q_BxMxHxD, q_pos_BxM, ring_k_BxRxKxD, ring_v_BxRxKxD
     o_ring, lse_ring = masked_attention_reference(q_BxMxHxD, ring_k_BxRxKxD, ring_v_BxRxKxD, ring_mask, scale)
     o_new, lse_new = _tree_half(impl)(q_BxMxHxD, k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, scale=scale)
     return merge_attention(o_ring, lse_ring, o_new, lse_new)
+
+
+def causal_attention(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, *, window: int | None = None, impl: str = "auto"):
+    """Causal attention over whole sequences (training forwards, differentiable): query t sees keys
+    ``max(0, t - window) .. t`` (all keys up to t without a window). jax's cuDNN flash attention where the
+    impl allows it (a GPU, half precision), XLA's dense attention otherwise. Returns ``o_BxTxHxD``."""
+    impl = resolve_impl(impl)
+    flash = (impl in ("gpu", "cudnn") and jax.default_backend() == "gpu"
+             and cudnn_supports(q_BxTxHxD.dtype, k_BxTxKxD.dtype, q_BxTxHxD.shape[-1]))
+    if impl == "cudnn" and not flash:
+        raise ValueError(f"impl='cudnn' needs a CUDA GPU and float16/bfloat16 operands; got backend "
+                         f"{jax.default_backend()!r}, q {q_BxTxHxD.dtype}")
+    return jax.nn.dot_product_attention(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, is_causal=True,
+                                        local_window_size=None if window is None else (window, 0),
+                                        implementation="cudnn" if flash else "xla")

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from longspec_jax.attention import hybrid_tree_attention
+from longspec_jax.attention import causal_attention, hybrid_tree_attention
 from longspec_jax.config import TargetConfig
 from longspec_jax.kv_cache import KVCache, write_rows
 from longspec_jax.layers import linear, rms_norm
@@ -141,6 +141,29 @@ def forward(params: dict, config: TargetConfig, tokens_BxT: jax.Array, positions
         new_v.append(v_i)
     hidden_BxTxd = rms_norm(x_BxTxd, params["final_norm"], config.rms_norm_eps)
     return hidden_BxTxd, cache.replace(k=tuple(new_k), v=tuple(new_v))
+
+
+def causal_forward(params: dict, config: TargetConfig, tokens_BxT: jax.Array, positions_BxT: jax.Array, *,
+                   final_hidden: bool = False, impl: str = "auto"):
+    """Full-sequence causal forward without a KV cache (draft training).
+
+    Returns ``(k, v, hidden)``: the last layer's roped keys and values ``[B, T, K, Dh]`` (what the draft
+    cross-attends to) and, with ``final_hidden``, the final-normed hidden states ``[B, T, d]``; without it
+    ``hidden`` is None and the last layer's attention and MLP are skipped (its K/V need only its input).
+    """
+    cos_BxTxD, sin_BxTxD = rope_tables(positions_BxT, inverse_frequencies(config.rope, config.head_dim))
+    x_BxTxd = embed_tokens(params, tokens_BxT)
+    B, T, _ = x_BxTxd.shape
+    last = len(params["layers"]) - 1
+    for i, layer in enumerate(params["layers"]):
+        h_BxTxd = rms_norm(x_BxTxd, layer["attn_norm"], config.rms_norm_eps)
+        q_BxTxHxD, k_BxTxKxD, v_BxTxKxD = _qkv(layer, config, h_BxTxd, cos_BxTxD, sin_BxTxD)
+        if i == last and not final_hidden:
+            return k_BxTxKxD, v_BxTxKxD, None
+        o_BxTxHxD = causal_attention(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, impl=impl)
+        x_BxTxd = x_BxTxd + linear(o_BxTxHxD.reshape(B, T, -1), layer["wo"], layer.get("bo"))
+        x_BxTxd = x_BxTxd + _mlp_block(layer, config, rms_norm(x_BxTxd, layer["mlp_norm"], config.rms_norm_eps))
+    return k_BxTxKxD, v_BxTxKxD, rms_norm(x_BxTxd, params["final_norm"], config.rms_norm_eps)
 
 
 def prefill(params: dict, config: TargetConfig, tokens_BxT: jax.Array, prompt_lengths_B: jax.Array,
