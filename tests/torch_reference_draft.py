@@ -170,13 +170,16 @@ def _tensor(array, dtype=np.float32):
 
 
 def draft_logits(model: TorchDraftLayer, hf_config: dict, tokens_BxT, embed_VxD, lm_head_VxD, target_k, target_v,
-                 window: int = 512, cross_gap: int = 1):
+                 window: int = 512, cross_gap: int = 1, rope_positions_T=None):
     """Float32 logits ``[B, T, V]`` of whole sequences (positions 0..T-1; no final norm before the LM head).
-    ``target_k / target_v [B, S, Hkv, Dh]``: the target's last-layer cache, slot j = position j."""
+    ``target_k / target_v [B, S, Hkv, Dh]``: the target's last-layer cache, slot j = position j.
+    ``rope_positions_T`` (anchor-offset training): RoPE at these positions instead, while the attention masks
+    stay by token index, as flash attention's are in the reference's training code."""
     tokens = _tensor(tokens_BxT, np.int64)
     B, T = tokens.shape
     positions = torch.arange(T)
-    cos, sin = rope_cos_sin(hf_config, positions, B)
+    rope_positions = positions if rope_positions_T is None else torch.as_tensor(np.asarray(rope_positions_T))
+    cos, sin = rope_cos_sin(hf_config, rope_positions, B)
     x = _tensor(embed_VxD)[tokens]
     with torch.no_grad():
         y = model(x, cos, sin, positions, _tensor(target_k), _tensor(target_v), window, cross_gap)

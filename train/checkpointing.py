@@ -14,10 +14,10 @@ target's HF ``config.json`` dict. Together they rebuild the draft and its PyTorc
 target's weights (``python -m train.export``). ``extra`` is free-form JSON for the training loop (data position,
 config file, ...).
 
-Usage from a training loop::
+Usage (``Checkpointer`` is the training loop's periodic, asynchronous saver)::
 
     meta = checkpoint_metadata(draft.config, target, extra={"config": cfg_dict})
-    save_checkpoint(DIR, step, draft_variables, opt_state, meta, max_to_keep=3)
+    save_checkpoint(DIR, step, draft_variables, opt_state, meta, max_to_keep=3)   # one blocking save
     ckpt = restore_checkpoint(DIR, template={"draft": abstract_vars, "opt_state": abstract_opt})  # or None
     ckpt.step, ckpt.draft_variables, ckpt.opt_state, ckpt.to_draft()
 
@@ -56,9 +56,9 @@ def checkpoint_metadata(draft_config: DraftConfig, target, extra: Mapping[str, A
             "extra": dict(extra or {})}
 
 
-def _manager(directory, *, max_to_keep=None, create=True) -> ocp.CheckpointManager:
+def _manager(directory, *, max_to_keep=None, create=True, async_save=False) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create,
-                                           enable_async_checkpointing=False)
+                                           enable_async_checkpointing=async_save)
     return ocp.CheckpointManager(os.path.abspath(os.fspath(directory)), options=options, item_names=ITEMS)
 
 
@@ -78,16 +78,41 @@ def save_checkpoint(directory, step: int, draft_variables, opt_state=None, metad
                               "the checkpoint can be exported without the target weights")
     _check_metadata(metadata)
     step = int(step)
+    with _manager(directory, max_to_keep=max_to_keep) as manager:
+        if step in manager.all_steps():
+            raise CheckpointError(f"{directory}: step {step} already exists")
+        manager.save(step, args=_save_args(step, draft_variables, opt_state, metadata), force=True)
+        manager.wait_until_finished()
+        return os.fspath(manager.directory / str(step))
+
+
+def _save_args(step: int, draft_variables, opt_state, metadata: Mapping[str, Any]) -> ocp.args.Composite:
     meta = {**dict(metadata), "format": FORMAT, "step": step}
     items = {DRAFT_ITEM: ocp.args.StandardSave(draft_variables), METADATA_ITEM: ocp.args.JsonSave(meta)}
     if opt_state is not None:
         items[OPT_ITEM] = ocp.args.StandardSave(opt_state)
-    with _manager(directory, max_to_keep=max_to_keep) as manager:
-        if step in manager.all_steps():
-            raise CheckpointError(f"{directory}: step {step} already exists")
-        manager.save(step, args=ocp.args.Composite(**items), force=True)
-        manager.wait_until_finished()
-        return os.fspath(manager.directory / str(step))
+    return ocp.args.Composite(**items)
+
+
+class Checkpointer:
+    """The training loop's saver: one Orbax manager for the run, saves in the background (``async_save``),
+    keeps the newest ``keep`` steps. A save interrupted by a kill leaves only a temporary directory, which
+    :func:`restore_checkpoint` ignores."""
+
+    def __init__(self, directory, metadata: Mapping[str, Any], *, keep: int, async_save: bool = True):
+        _check_metadata(metadata)
+        self.metadata = dict(metadata)
+        self.manager = _manager(directory, max_to_keep=keep, async_save=async_save)
+
+    def save(self, step: int, draft_variables, opt_state) -> None:
+        step = int(step)
+        if step not in self.manager.all_steps():
+            self.manager.save(step, args=_save_args(step, draft_variables, opt_state, self.metadata), force=True)
+
+    def close(self) -> None:
+        """Waits for a save in flight and releases the manager."""
+        self.manager.wait_until_finished()
+        self.manager.close()
 
 
 def all_steps(directory) -> list[int]:
