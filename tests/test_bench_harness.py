@@ -82,3 +82,15 @@ def test_markdown_and_report_writers(tmp_path):
     json_path, md_path = harness.write_report(tmp_path / "new", "bench_x", {"p": Path("/x"), 3: [1]}, "# md\n")
     assert json.loads(json_path.read_text()) == {"p": "/x", "3": [1]}
     assert md_path.read_text() == "# md\n" and md_path.name == "bench_x.md"
+
+
+def test_time_runs_times_each_run_from_a_fresh_start():
+    starts = []
+
+    def start():
+        starts.append(len(starts))
+        return jnp.float32(len(starts))
+
+    seconds, last = harness.time_runs(start, lambda x: x * 10, reps=3)
+    assert starts == [0, 1, 2, 3]  # the warm-up, then 3 timed runs
+    assert float(last) == 40 and seconds > 0

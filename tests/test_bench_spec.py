@@ -4,9 +4,22 @@ from __future__ import annotations
 
 import json
 
-from infer import bench_spec
+import pytest
+
+from infer.bench import spec as bench_spec
 
 
+def test_markdown_rows_and_phases():
+    results = {"contexts": {40: {"vanilla": {"tokens_per_s": 100.0}, "decode_step_s": 0.01,
+                                 "oracle_exact": dict(tau=4.0, tokens_per_s=250.0, speedup=2.5,
+                                                      first_mismatch_vs_greedy=None),
+                                 "phases": {"verify": 0.002, "samples": {"verify": [0.002]}}}}}
+    md = bench_spec.markdown(results)
+    assert "| 40 | 100.0 | oracle_exact | 4.00 | 250.0 | 2.50x | None |" in md
+    assert "Phases at 40 (ms): plain decode step 10.00; verify 2.000" in md and "samples" not in md
+
+
+@pytest.mark.slow
 def test_bench_spec_smoke(tmp_path):
     assert bench_spec.main(["--out", str(tmp_path), "--smoke", "--contexts", "40", "--phase-contexts", "40",
                             "--e2e-contexts", "40", "--new-tokens", "12", "--reps", "1", "--phase-reps", "1",
@@ -20,6 +33,9 @@ def test_bench_spec_smoke(tmp_path):
     # no continuation has a gap of 1e9: the offset with the largest smallest gap is taken
     assert row["prompt_offset"] % 2048 == 0 and 0 < row["min_f32_top2_gap"] < 1e9
     assert set(row["phases"]) >= {"draft_step0", "verify", "commit_all_layers", "full_round"}
+    assert set(row["phases"]["samples"]) == {"verify", "verify_with_recompute", "commit_all_layers",
+                                             "commit_last_layer"}
+    assert all(len(v) == 3 for v in row["phases"]["samples"].values())  # --commit-repeats 3
     ring = results["draft_state_bytes"]
     assert len({v["ring_bytes"] for v in ring.values()}) == 1  # the draft state does not grow with context
     assert "| 40 |" in (tmp_path / "bench_spec.md").read_text()

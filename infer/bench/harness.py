@@ -1,8 +1,9 @@
 """What every benchmark shares: logging, in-loop timing, the copy-bandwidth ceiling, JSON + markdown output.
 
-In-loop timing: ``carry = step(carry, *consts)`` repeated ``reps`` times inside one jitted ``lax.fori_loop``,
-the carry donated (a KV cache in it is updated in place), so no per-call dispatch or copy is counted. The loop
-is compiled once per (step, reps, shapes); a warm-up call runs first, then ``calls`` timed calls (median).
+In-loop timing (:func:`time_loop`): ``carry = step(carry, *consts)`` repeated ``reps`` times inside one jitted
+``lax.fori_loop``, the carry donated (a KV cache in it is updated in place), so no per-call dispatch or copy is
+counted. The loop is compiled once per (step, reps, shapes); a warm-up call runs first, then ``calls`` timed
+calls (median). Whole calls (a generation loop from its post-prefill state): :func:`time_runs`.
 """
 
 from __future__ import annotations
@@ -92,6 +93,19 @@ def time_loop(step: Callable, carry, consts: tuple = (), reps: int = 1, calls: i
     call_s = statistics.median(times)
     return LoopTime(per_step_s=call_s / reps, call_s=call_s, call_times_s=times, reps=reps, compile_s=compile_s,
                     first_call_s=first_s, compiled=compiled), carry
+
+
+def time_runs(start: Callable, run: Callable, reps: int) -> tuple[float, Any]:
+    """Median seconds of ``run(start())`` over ``reps`` runs (``start`` untimed), after one warm-up run; and the
+    last run's result. For whole jitted calls, such as a generation loop from its post-prefill state."""
+    times = []
+    for i in range(reps + 1):
+        state = start()
+        jax.block_until_ready(state)
+        seconds, state = _timed_call(run, state, ())
+        if i:
+            times.append(seconds)
+    return statistics.median(times), state
 
 
 def net_of_overhead(per_step_s: float, empty_per_step_s: float) -> dict:

@@ -1,0 +1,255 @@
+"""Speculative decoding on the H200: per-round phase times, end-to-end tokens/s and tau, draft-state bytes.
+
+    python -m infer.bench spec --out DIR --fixture FIXTURE_DIR --pad-script pad_model.py   # GPU
+    python -m infer.bench spec --out DIR --smoke                                           # CPU, tiny, seconds
+
+Model pair: the code-LM fixture padded by ``pad_model.py`` to Llama-3-8B-like cost (hidden 4608, MLP 14336,
+32 layers, 72/18 heads of 64: 8.19 B parameters) computing the small model's function, and a LongSpec draft for
+it (a randomly initialised small draft, padded by ``pad_model.py --draft``: 304 M parameters). The random draft
+predicts poorly, so acceptance is also measured with the same draft steered by an oracle (the target's own
+greedy continuation, exact or wrong at every 4th position) through ``Draft.logits_hook``: the draft still
+runs in full, only its logits are replaced.
+
+Prompt: source files of the dev-split repos (pygments, pyparsing, mpmath) concatenated, cut to each context
+(from ``--stable-gap`` on: starting at an offset whose float32 greedy continuation has no near-tie, since in bf16
+the plain and the speculative output may part at a near-tie, after which an oracle replaying the plain output
+predicts the wrong text). Where a speculative output differs from plain greedy, the float32 top-2 logit gap at
+the first difference is recorded (the small fixture computes the padded model's function).
+Timings: jitted functions, compile excluded, ``block_until_ready``. Generation loops: median over runs. Phases
+(:mod:`infer.bench.spec_phases`): each phase repeated ``--phase-reps`` times inside one jitted ``fori_loop`` from
+the post-prefill state; the phases of the two commit schemes are timed in turn, ``--commit-repeats`` times.
+
+H200 runs of 2026-11-29 (docs/benchmarks.md section 3):
+    python -m infer.bench spec --out DIR --fixture F --pad-script P                 # 16k + 32k, ~7 min
+    python -m infer.bench spec --out DIR --fixture F --pad-script P --contexts 32768 --phase-contexts "" \\
+        --e2e-contexts 32768 --stable-gap 0.25 --stable-search 16384             # 32k tokens/s, ~5 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from infer.bench.harness import error_text, log, md_header, md_row, time_runs, write_report
+from infer.bench.near_tie import first_divergence, top2_logit_gap
+from infer.bench.oracle import oracle_hook, oracle_table
+from infer.bench.spec_inputs import build_padded_pair, dev_prompt_tokens, stable_prompt_offset
+from infer.bench.spec_phases import draft_state_bytes, phase_times
+from infer.decoding import Progress, StopCriteria, prefill_and_first_token
+from infer.generate import pad_prompts, plan_speculative
+from infer.plain import plain_loop
+from infer.speculative import SpecSettings, speculative_loop, speculative_start
+from longspec_jax.draft import DraftWeights
+from longspec_jax.sampling import SamplingConfig
+
+TREE = (4, 16, 16, 16, 16)
+DRAFT_KINDS = ("random_draft", "oracle_exact", "oracle_wrong_every_4th")
+DEFAULTS = dict(contexts="16384,32768", phase_contexts="16384,32768", e2e_contexts="16384,32768", new_tokens=256,
+                reps=2, phase_reps=10)
+SMOKE = dict(contexts="40", phase_contexts="40", e2e_contexts="40", new_tokens=12, reps=1, phase_reps=1)
+
+
+def load_pair(args):
+    """(target, draft, prompt token stream, attention impl): the padded 8B-cost pair, or the tiny smoke pair."""
+    from longspec_jax import load_draft, load_target
+
+    if args.smoke:
+        from infer.bench.tiny import random_draft, tiny_target
+        target = tiny_target(0)
+        stream = list(np.random.default_rng(0).integers(0, target.config.vocab_size,
+                                                         max(args.contexts) + args.stable_search))
+        return target, random_draft(1), stream, "xla"
+    big, big_draft = build_padded_pair(args.fixture, args.pad_script, args.work)
+    target = load_target(big, dtype=jnp.bfloat16)
+    return (target, load_draft(big_draft, target),
+            dev_prompt_tokens(target.tokenizer, max(args.contexts) + args.stable_search), "auto")
+
+
+def run(args) -> dict:
+    from longspec_jax import load_target
+
+    results: dict = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
+                     "jax": jax.__version__, "tree_shape": list(TREE), "contexts": {}}
+    t0 = time.perf_counter()
+    target, draft, prompt_stream, impl = load_pair(args)
+    results["load_s"] = time.perf_counter() - t0
+
+    @functools.cache
+    def reference32():
+        """The target's function in float32, for near-tie checks: the small fixture (the padded model computes
+        the same function), or the tiny model itself in smoke mode."""
+        return target if args.smoke else load_target(args.fixture, dtype=jnp.float32, load_tokenizer=False)
+
+    tparams = target.params
+    cfg = target.config
+    weight_bytes = sum(x.nbytes for x in jax.tree.leaves(tparams))
+    draft_bytes = sum(x.nbytes for x in jax.tree.leaves(draft.variables))
+    results.update(target_param_bytes=int(weight_bytes), draft_param_bytes=int(draft_bytes))
+    log(f"target {weight_bytes / 1e9:.2f} GB, draft {draft_bytes / 1e9:.3f} GB, loaded in {results['load_s']:.0f} s")
+
+    N_new = args.new_tokens
+    # One settings object (capacity and padded prompt for the longest context) serves every context: one compile.
+    settings = plan_speculative(target, draft, max(args.contexts), N_new, SamplingConfig(), TREE, 512, impl)
+    base = settings.base
+    stop = StopCriteria.make(N_new, [])
+    key = jax.random.PRNGKey(0)
+    weights = draft.weights
+
+    plain_start = jax.jit(lambda p, t, l, k: prefill_and_first_token(p, base, t, l, k))
+    plain_run = jax.jit(lambda p, pr, c, last, k: plain_loop(p, base, stop, pr, c, last, k), donate_argnums=2)
+
+    def spec_fns(s: SpecSettings):
+        start = jax.jit(lambda p, d, t, l, k: speculative_start(s, p, d, t, l, stop, k))
+        loop = jax.jit(lambda p, d, st: speculative_loop(s, p, d, stop, st), donate_argnums=2)
+        return start, loop
+
+    real_fns = spec_fns(settings)
+    oracle_fns = spec_fns(dataclasses.replace(settings, draft=dataclasses.replace(settings.draft,
+                                                                                  logits_hook=oracle_hook)))
+
+    for ctx in args.contexts:
+        if time.perf_counter() - t0 > args.budget_s:
+            log(f"budget of {args.budget_s:.0f} s spent: skipping context {ctx}")
+            break
+        row: dict = {}
+        results["contexts"][ctx] = row
+        offset = 0
+        if args.stable_gap > 0 and ctx in args.e2e_contexts:
+            offset, min_gap = stable_prompt_offset(reference32(), prompt_stream, ctx, N_new, args.stable_gap,
+                                                   args.stable_search)
+            row.update(prompt_offset=offset, min_f32_top2_gap=min_gap)
+            log(f"ctx {ctx}: prompt offset {offset}: smallest float32 top-2 gap over the greedy continuation "
+                f"{min_gap:.3f}")
+        prompt = prompt_stream[offset:offset + ctx]
+        tokens, lengths = pad_prompts([np.asarray(prompt, np.int32)], base.prompt_len)
+        try:
+            # -- plain decoding: the baseline, and the greedy continuation the oracle replays
+            def start():
+                first, cache, k = plain_start(tparams, tokens, lengths, key)
+                return Progress.start(first, base.out_len, stop), cache, first, k
+
+            sec, progress = time_runs(start, lambda st: plain_run(tparams, *st), args.reps)
+            greedy_tokens = np.asarray(progress.tokens)[0, :N_new]
+            rounds = int(progress.num_rounds[0])
+            row["vanilla"] = dict(seconds=sec, decode_steps=rounds, tokens_per_s=rounds / sec)
+            row["decode_step_s"] = sec / rounds  # one plain decode step, inside the jitted loop
+            log(f"ctx {ctx}: plain {row['vanilla']['tokens_per_s']:.1f} tok/s, step {row['decode_step_s']*1e3:.2f} ms")
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            row["vanilla_error"] = error_text(e, 1500)
+            continue
+
+        if ctx in args.phase_contexts and time.perf_counter() - t0 < args.budget_s:
+            try:
+                row["phases"] = phase_times(settings, tparams, weights, tokens, lengths, stop, key, args.phase_reps,
+                                            real_fns[0], args.commit_repeats)
+                log(f"ctx {ctx}: phases " + ", ".join(f"{k} {v*1e3:.2f} ms" for k, v in row["phases"].items()
+                                                      if k != "samples"))
+                log(f"ctx {ctx}: commit-scheme samples (ms) " + "; ".join(
+                    f"{k} " + " ".join(f"{t * 1e3:.3f}" for t in v) for k, v in row["phases"]["samples"].items()))
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                row["phases_error"] = error_text(e, 1500)
+        slots = base.capacity + 64
+
+        def oracle_weights(wrong_every: int, phase: int = 0):  # replays the plain greedy output
+            return DraftWeights(draft.variables, jnp.asarray(oracle_table(
+                [prompt], [greedy_tokens], slots, cfg.vocab_size, wrong_every=wrong_every, phase=phase)))
+
+        kinds = {} if ctx not in args.e2e_contexts else dict(zip(DRAFT_KINDS, (
+            (real_fns, lambda: weights), (oracle_fns, lambda: oracle_weights(0)),
+            (oracle_fns, lambda: oracle_weights(4, 1)))))
+        for name, ((start_fn, loop_fn), make_weights) in kinds.items():
+            try:
+                w = make_weights()
+                sec, state = time_runs(lambda: start_fn(tparams, w, tokens, lengths, key),
+                                       lambda st: loop_fn(tparams, w, st), args.reps)
+                gen = int(state.progress.num_generated[0])
+                rounds = int(state.progress.num_rounds[0])
+                out = np.asarray(state.progress.tokens)[0, :N_new]
+                first = first_divergence(out, greedy_tokens)
+                row[name] = dict(seconds=sec, rounds=rounds, generated=gen, tau=gen / (rounds + 1),
+                                 tokens_per_s=(gen - 1) / sec,
+                                 speedup=((gen - 1) / sec) / row["vanilla"]["tokens_per_s"],
+                                 accept_counts=np.asarray(state.accept_counts)[0].tolist(),
+                                 first_mismatch_vs_greedy=first)
+                del state
+                if first is not None:  # is it a bf16 near-tie? float32 top-2 gap of the (same-function) small model
+                    row[name]["top2_gap_at_mismatch_f32"] = top2_logit_gap(
+                        reference32(), list(prompt) + [int(t) for t in greedy_tokens[:first]])
+                log(f"ctx {ctx}: {name} tau {row[name]['tau']:.2f}, {row[name]['tokens_per_s']:.1f} tok/s "
+                    f"({row[name]['speedup']:.2f}x), first mismatch {first}"
+                    + (f" (float32 top-2 gap there {row[name]['top2_gap_at_mismatch_f32']:.4f})" if first is not None
+                       else ""))
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                row[f"{name}_error"] = error_text(e, 1500)
+        write_report(args.out, "bench_spec", results, markdown(results))
+
+    try:
+        results["draft_state_bytes"] = draft_state_bytes(settings, tparams, weights, prompt_stream, args.smoke)
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        results["draft_state_error"] = error_text(e, 1500)
+    return results
+
+
+def markdown(results: dict) -> str:
+    lines = md_header(["context", "vanilla tok/s", "draft", "tau", "tok/s", "speedup", "first mismatch"])
+    for ctx, row in results["contexts"].items():
+        for name in DRAFT_KINDS:
+            if name in row and "vanilla" in row:
+                r = row[name]
+                lines.append(md_row([ctx, f"{row['vanilla']['tokens_per_s']:.1f}", name, f"{r['tau']:.2f}",
+                                     f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x",
+                                     r["first_mismatch_vs_greedy"]]))
+    for ctx, row in results["contexts"].items():
+        if "phases" in row:
+            lines.append(f"\nPhases at {ctx} (ms): plain decode step {row['decode_step_s'] * 1e3:.2f}; " +
+                         ", ".join(f"{k} {v * 1e3:.3f}" for k, v in row["phases"].items() if k != "samples"))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m infer.bench spec", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--fixture", help="the small code-LM fixture directory")
+    p.add_argument("--pad-script", help="path of the fixture's pad_model.py")
+    p.add_argument("--work", default="/tmp/longspec_bench", help="where the padded pair is written (reused)")
+    for name, kind, text in (("contexts", str, "prompt lengths"), ("phase-contexts", str, "contexts of the phases"),
+                             ("e2e-contexts", str, "contexts of the speculative tokens/s runs"),
+                             ("new-tokens", int, "tokens per generation"), ("reps", int, "timed generation runs"),
+                             ("phase-reps", int, "steps of each phase's timed loop")):
+        key = name.replace("-", "_")
+        p.add_argument(f"--{name}", type=kind, help=f"{text} (default {DEFAULTS[key]}; --smoke: {SMOKE[key]})")
+    p.add_argument("--stable-gap", type=float, default=0.0,
+                   help="for e2e contexts, start the prompt at the first offset whose float32 greedy continuation "
+                        "has no top-2 logit gap below this (0 = offset 0)")
+    p.add_argument("--stable-search", type=int, default=0, help="largest prompt offset tried for --stable-gap")
+    p.add_argument("--commit-repeats", type=int, default=3,
+                   help="times the verify / commit phases of both commit schemes are timed, in turn")
+    p.add_argument("--budget-s", type=float, default=1e9, help="start no new context or phase set after this")
+    p.add_argument("--smoke", action="store_true", help="tiny random pair on the CPU")
+    args = p.parse_args(argv)
+    for key, value in (SMOKE if args.smoke else DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.contexts = [int(x) for x in args.contexts.split(",") if x]
+    args.phase_contexts = [int(x) for x in args.phase_contexts.split(",") if x]
+    args.e2e_contexts = [int(x) for x in args.e2e_contexts.split(",") if x]
+    if not args.smoke and not (args.fixture and args.pad_script):
+        p.error("--fixture and --pad-script are required (or --smoke)")
+    results = run(args)
+    md = markdown(results)
+    write_report(args.out, "bench_spec", results, md)
+    print(md)
+    return 0

@@ -1,0 +1,77 @@
+"""Inputs of the speculative-decoding benchmark: the 8B-cost padded pair, the dev-split prompt, and a prompt
+offset without near-ties."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+from infer.bench.harness import log
+from infer.bench.near_tie import greedy_top2_gaps
+
+PAD_ARGS = ["--hidden-size", "4608", "--intermediate-size", "14336", "--num-layers", "32", "--num-heads", "72",
+            "--num-kv-heads", "18"]
+DEV_REPOS = ("pygments", "pyparsing", "mpmath")
+
+
+def build_padded_pair(fixture: str, pad_script: str, work: str) -> tuple[str, str]:
+    """Pads the fixture and a random small draft to 8B-like cost (reuses WORK if already built); returns the
+    target and draft directories."""
+    from longspec_jax import load_target, save_draft
+    from longspec_jax.draft import DraftConfig, init_draft
+
+    big, small_draft, big_draft = (os.path.join(work, n) for n in ("big", "small_draft", "big_draft"))
+    if not os.path.isfile(os.path.join(big_draft, "model.safetensors")):
+        os.makedirs(work, exist_ok=True)
+        small = load_target(fixture, dtype=jnp.float32, load_tokenizer=False)
+        draft = init_draft(DraftConfig.from_target(small.config), jax.random.PRNGKey(0))
+        save_draft(draft, small_draft, format="hf", target=small)
+        for cmd in ([sys.executable, pad_script, fixture, big, "--overwrite", *PAD_ARGS],
+                    [sys.executable, pad_script, "--draft", small_draft, big, big_draft, "--overwrite"]):
+            t0 = time.perf_counter()
+            subprocess.run(cmd, check=True)
+            log(f"{os.path.basename(pad_script)} {'--draft ' if '--draft' in cmd else ''}took "
+                f"{time.perf_counter() - t0:.0f} s")
+    return big, big_draft
+
+
+def dev_prompt_tokens(tokenizer, count: int) -> list[int]:
+    """The dev-split repos' source, concatenated in sorted path order with corpus-style header lines."""
+    ids: list[int] = []
+    for repo in DEV_REPOS:
+        try:
+            module = __import__(repo)
+        except ImportError:
+            continue
+        root = os.path.dirname(module.__file__)
+        for path in sorted(glob.glob(os.path.join(root, "**", "*.py"), recursive=True)):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f"# {repo}/{os.path.relpath(path, root)}\n{f.read()}\n"
+            ids.extend(tokenizer(text)["input_ids"])
+            if len(ids) >= count:
+                return ids[:count]
+    raise RuntimeError(f"only {len(ids)} tokens of dev-split source found")
+
+
+def stable_prompt_offset(target32, stream, ctx: int, num_new: int, min_gap: float, search: int,
+                         step: int = 2048) -> tuple[int, float]:
+    """First offset (a multiple of ``step`` up to ``search``) of a ``ctx``-token prompt from ``stream`` whose
+    float32 greedy continuation of ``num_new`` tokens has no top-2 logit gap below ``min_gap``: bf16 paths then
+    cannot part (no near-tie), so an oracle replaying the plain output stays valid. Falls back to the offset
+    with the largest smallest gap."""
+    best = (0, -1.0)
+    for offset in range(0, search + 1, step):
+        prompt = stream[offset:offset + ctx]
+        if len(prompt) < ctx:
+            break
+        smallest = float(greedy_top2_gaps(target32, prompt, num_new)[1].min())
+        if smallest >= min_gap:
+            return offset, smallest
+        best = max(best, (offset, smallest), key=lambda x: x[1])
+    return best

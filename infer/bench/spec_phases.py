@@ -1,0 +1,136 @@
+"""Per-round phase times of speculative decoding, the last-layer commit scheme they are compared with, and the
+draft's state bytes.
+
+Every phase is repeated ``reps`` times inside one jitted ``fori_loop`` from the post-prefill state (the harness's
+in-loop timing; carries such as the KV cache donated and updated in place), so no per-call dispatch or cache
+copy is counted. Every step reads its carry, so nothing can be hoisted out of the loop. Parameters are passed
+as arguments, never closed over (a closure would make the weights compile-time constants).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import statistics
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from infer.bench.harness import time_loop
+from infer.speculative import SpecSettings, exact_acceptance, spec_round, verify
+from longspec_jax.draft import draft_prefill, draft_root
+from longspec_jax.kv_cache import KVCache, commit, compact_path
+from longspec_jax.tree import Tree, TreeSpec, grow_tree, start_tree
+
+
+def loop_time(step, carry, consts, reps: int):
+    """Seconds per ``carry = step(carry, *consts)`` in the in-loop timing (one timed call), and the carry."""
+    t, carry = time_loop(step, carry, consts, reps)
+    return t.per_step_s, carry
+
+
+def last_layer_commit(cache: KVCache, path_BxA, count_B, active_B) -> KVCache:
+    """The reference's alternative: compact only the last layer (the others recompute next round)."""
+    root_B = cache.lengths
+    k, v = list(cache.k), list(cache.v)
+    k[-1], v[-1] = compact_path(k[-1], path_BxA, root_B), compact_path(v[-1], path_BxA, root_B)
+    return cache.replace(k=tuple(k), v=tuple(v), lengths=jnp.where(active_B, root_B + count_B, root_B))
+
+
+def recompute_settings(settings: SpecSettings, B: int) -> tuple[SpecSettings, Tree]:
+    """Settings and a tree with A = depth + 1 more nodes: what the last-layer scheme verifies each round
+    (the accepted tokens again). Only shapes matter for timing."""
+    shape = settings.tree.shape
+    spec = TreeSpec(shape[:-1] + (shape[-1] + settings.tree.max_accept,))
+    N, V = spec.num_nodes, settings.base.config.vocab_size
+    tree = Tree(tokens=jnp.zeros((B, N), jnp.int32), parents=jnp.zeros((B, N), jnp.int32),
+                mask=jnp.broadcast_to(jnp.tril(jnp.ones((N, N), bool)), (B, N, N)),
+                draft_logp=jnp.zeros((B, N, V), jnp.float32))
+    return dataclasses.replace(settings, tree=spec), tree
+
+
+def phase_times(settings: SpecSettings, tparams, weights, tokens, lengths, stop, key, reps, start_fn,
+                commit_repeats: int = 3) -> dict:
+    """Seconds of each phase of one round. The verify and commit phases of both commit schemes are timed in
+    turn, ``commit_repeats`` times, and the medians kept (all samples under ``samples``): they differ by a few
+    hundredths of a millisecond."""
+    spec, ds = settings.tree, settings.draft
+    B = tokens.shape[0]
+    V = settings.base.config.vocab_size
+    phases: dict = {}
+    state = start_fn(tparams, weights, tokens, lengths, key)
+    root_B = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)[:, 0]
+
+    def step0(carry, p, d):
+        st, _ = carry
+        logp_BxV, ring = draft_root(ds, d, p, st.cache, st.ring, st.pending, st.num_pending)
+        return st.replace(ring=ring), logp_BxV
+
+    logp0_BxV = jnp.zeros((B, V), jnp.float32)
+    phases["draft_step0"], (state, logp_root_BxV) = loop_time(step0, (state, logp0_BxV), (tparams, weights), reps)
+
+    def level1(builder, r, lp):
+        # reads the carry so the loop cannot hoist it: a zero that XLA cannot fold away
+        return start_tree(spec, ds, r, lp + builder.scores[:, :1] * 1e-30)
+
+    builder = start_tree(spec, ds, root_B, logp_root_BxV)
+    phases["tree_level1_topk"], builder = loop_time(level1, builder, (root_B, logp_root_BxV), reps)
+    for k in range(1, spec.depth):
+        grow = functools.partial(lambda k, b, p, d, c, rg: grow_tree(spec, ds, d, p, c, rg, b, k), k)
+        # growing level k again only rewrites level k + 1: the final carry is the grown tree
+        phases[f"tree_level{k + 1}"], builder = loop_time(grow, builder, (tparams, weights, state.cache, state.ring),
+                                                          reps)
+    tree = builder.tree
+    cache = state.cache
+    del state
+
+    def verify_step(carry, p, t, s=settings):
+        return verify(s, p, carry[1], t)
+
+    zeros_BxNxV = jnp.zeros((B, spec.num_nodes, V), jnp.float32)
+    alt_settings, alt_tree = recompute_settings(settings, B)
+    alt_zeros = jnp.zeros((B, alt_settings.tree.num_nodes, V), jnp.float32)
+    _, (logits_BxNxV, cache) = loop_time(verify_step, (zeros_BxNxV, cache), (tparams, tree), 1)
+    zeros_BxNxV = jnp.zeros_like(logits_BxNxV)
+    acc = exact_acceptance(tree, logits_BxNxV, key, settings)
+
+    def accept_step(acc_carry, t, lg, k):
+        return exact_acceptance(t, lg + acc_carry.count_B[:, None, None] * 1e-30, k, settings)
+
+    phases["accept"], acc = loop_time(accept_step, acc, (tree, logits_BxNxV, key), reps)
+    inactive_B = jnp.zeros((B,), bool)  # commit without advancing the lengths, so it can repeat
+    samples: dict = {k: [] for k in ("verify", "verify_with_recompute", "commit_all_layers", "commit_last_layer")}
+    verify_alt = functools.partial(verify_step, s=alt_settings)
+    commit_args = (acc.path_BxA, acc.count_B, inactive_B)
+    for _ in range(commit_repeats):  # carries are donated: keep the returned ones
+        t, (zeros_BxNxV, cache) = loop_time(verify_step, (zeros_BxNxV, cache), (tparams, tree), reps)
+        samples["verify"].append(t)
+        t, (alt_zeros, cache) = loop_time(verify_alt, (alt_zeros, cache), (tparams, alt_tree), reps)
+        samples["verify_with_recompute"].append(t)
+        for name, fn in (("commit_all_layers", commit), ("commit_last_layer", last_layer_commit)):
+            t, cache = loop_time(fn, cache, commit_args, reps)
+            samples[name].append(t)
+    for name, ts in samples.items():
+        phases[name] = statistics.median(ts)
+    phases["samples"] = samples
+    del cache, logits_BxNxV, zeros_BxNxV, alt_zeros
+    state = start_fn(tparams, weights, tokens, lengths, key)
+    phases["full_round"], state = loop_time(lambda st, p, d: spec_round(settings, p, d, stop, st), state,
+                                            (tparams, weights), reps)
+    return phases
+
+
+def draft_state_bytes(settings: SpecSettings, tparams, weights, prompt_stream, smoke: bool) -> dict:
+    """The draft's ring cache after prefilling a 4k and a 64k prompt: equal by construction."""
+    config = settings.base.config
+    out = {}
+    for ctx in ((64, 256) if smoke else (4096, 65536)):
+        reps = -(-ctx // len(prompt_stream))
+        prompt_1xT = np.asarray((list(prompt_stream) * reps)[:ctx], np.int32)[None]
+        ring = jax.jit(lambda p, d, t, l: draft_prefill(settings.draft, d, p, t, l))(
+            tparams, weights, jnp.asarray(prompt_1xT), jnp.asarray([ctx], jnp.int32))
+        out[str(ctx)] = dict(ring_bytes=int(ring.nbytes()), ring_slots=int(ring.pos.shape[1]),
+                             target_kv_bytes=int(ctx * config.num_layers * 2 * config.num_kv_heads * config.head_dim
+                                                 * jnp.dtype(tparams["embed"].dtype).itemsize))
+    return out

@@ -1,0 +1,37 @@
+"""infer.bench.spec_inputs: the dev-split prompt stream and the prompt offset without near-ties."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from infer.bench import spec_inputs
+from infer.bench.near_tie import greedy_top2_gaps
+from infer.bench.tiny import tiny_target
+
+
+def _bytes_tokenizer(text):
+    return {"input_ids": list(text.encode("utf-8"))}
+
+
+def test_dev_prompt_tokens_concatenates_sorted_sources_with_headers():
+    pytest.importorskip("pygments")
+    ids = spec_inputs.dev_prompt_tokens(_bytes_tokenizer, 5000)
+    assert len(ids) == 5000
+    assert bytes(ids).decode().startswith("# pygments/__init__.py\n")
+    with pytest.raises(RuntimeError, match="tokens of dev-split source found"):
+        spec_inputs.dev_prompt_tokens(_bytes_tokenizer, 10**10)
+
+
+def test_stable_prompt_offset_takes_the_first_offset_above_the_gap():
+    target = tiny_target(0)
+    stream = np.random.default_rng(5).integers(0, target.config.vocab_size, 48).tolist()
+    gaps = [float(greedy_top2_gaps(target, stream[o:o + 16], 4)[1].min()) for o in (0, 8, 16)]
+    # a threshold only the offset-8 prompt meets (or the best one, if none does) picks it
+    threshold = min(gaps[1], max(gaps))
+    offset, gap = spec_inputs.stable_prompt_offset(target, stream, 16, 4, threshold, search=16, step=8)
+    first = next(i for i, g in enumerate(gaps) if g >= threshold)
+    assert offset == 8 * first and gap == pytest.approx(gaps[first])
+    # no offset qualifies: the one with the largest smallest gap
+    offset, gap = spec_inputs.stable_prompt_offset(target, stream, 16, 4, 1e9, search=16, step=8)
+    assert offset == 8 * int(np.argmax(gaps)) and gap == pytest.approx(max(gaps))
