@@ -274,37 +274,6 @@ def test_kernels_lower_to_triton_ir(case):
     assert "xla.gpu.triton" in text and 'name = "tree_attention"' in text
 
 
-# ------------------------------------------------------------------------------------------------ benchmark
-
-def test_bench_attention_smoke(tmp_path):
-    """The GPU benchmark script runs end to end on tiny shapes (interpret mode) and writes its report: every op
-    timed inside a jitted loop (with the empty-loop overhead measured), K/V sets rotated, default sweep row."""
-    import json
-
-    from infer.bench_attention import main
-    report = main(["--smoke", "--out", str(tmp_path)])
-    assert report["checks"] and all(c["ok"] for c in report["checks"]), report["checks"]
-    assert report["copy"]["bytes_per_s"] > 0 and report["copy"]["dispatch"]["bytes_per_s"] > 0
-    assert report["sweep"] and all("us" in r for r in report["sweep"]), report["sweep"]
-    assert [r["default"] for r in report["sweep"]][0] is True  # the current default_config comes first
-    assert [r["default"] for r in report["sweep_cudnn"]] == [True, False] and all("us" in r for r in report["sweep_cudnn"])
-    (row,) = report["table"]
-    assert not row["errors"], row["errors"]
-    names = {"gpu", "pallas", "xla", "naive", "cache", "kernel", "cache_cudnn", "tree", "decode", "decode_cudnn",
-             "dpa"}  # cudnn and mgpu need a GPU
-    assert set(row["us"]) == set(row["raw_us"]) == set(row["overhead_us"]) == names
-    assert all(row["overhead_us"][k] > 0 and row["raw_us"][k] > 0 for k in names)
-    assert all(abs(row["us"][k] - (row["raw_us"][k] - row["overhead_us"][k])) < 1e-6 for k in names)
-    assert row["l2"]["rotate"] == 2 and row["loop"]["cache"]["steps_per_iter"] == 2  # rotation path runs
-    assert row["loop"]["tree"]["steps_per_iter"] == 1
-    assert all(v["empty_num_cache_copies"] == 0 for v in row["loop"].values())
-    assert all(row["loop"][k]["num_cache_copies"] == 0 for k in ("xla", "naive", "dpa"))  # XLA-only ops
-    saved = json.loads((tmp_path / "bench_attention.json").read_text())
-    assert saved["table"][0]["us"].keys() == row["us"].keys()
-    md = (tmp_path / "bench_attention.md").read_text()
-    assert "| llama3-8b | 1 | 256 |" in md and "| K/V fits L2 |" in md and "| 1 (default) |" in md
-
-
 # ------------------------------------------------------------------------------------------------ GPU only
 
 @pytest.mark.gpu
@@ -328,3 +297,40 @@ def test_kernels_on_gpu(M, heads, dtype):
         o, lse = tree_attention(q, k_new, v_new, mask, backend="triton")
         ref_o, ref_lse = masked_attention_reference(q, k_new, v_new, mask)
         _assert_close(o, lse, ref_o, ref_lse, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", [
+    # kind, B, M, S (keys), H, K, D; bf16
+    ("tree", 1, 16, 69, 32, 8, 128),       # a draft level: 16 queries over 69 tree keys
+    ("tree", 2, 74, 74, 28, 4, 64),        # GQA 7, head_dim 64
+    ("cache", 1, 512, 8192, 32, 8, 128),   # chunked prefill
+    ("cache", 2, 74, 4000, 28, 4, 64),     # capacity not a multiple of the key tile, GQA 7, head_dim 64
+    ("hybrid", 2, 74, 16384, 32, 8, 128),  # both Pallas halves, merged, against one naive softmax
+], ids=lambda c: "-".join(map(str, c)))
+def test_kernels_on_gpu_more_shapes(case):
+    """The shapes the attention benchmark used to check on the GPU beyond ``test_kernels_on_gpu``."""
+    kind, B, M, S, H, K, D = case
+    dtype = jnp.bfloat16
+    rng = _rng("gpu-more", *case)
+    q = _normal(rng, (B, M, H, D), dtype)
+    k, v = _normal(rng, (B, S, K, D), dtype), _normal(rng, (B, S, K, D), dtype)
+    if kind == "tree":
+        masks = [verification_mask(rng, 1, S - 1, 0)[S - M:] if S != M else verification_mask(rng, 5, M - 10, 5)
+                 for _ in range(B)]
+        mask = jnp.asarray(np.stack(masks))
+        o, lse = tree_attention(q, k, v, mask, backend="triton")
+        ref_o, ref_lse = masked_attention_reference(q, k, v, mask)
+    elif kind == "cache":
+        lengths = jnp.asarray([S] + [S // 3 - 7] * (B - 1), jnp.int32)
+        o, lse = cache_attention(q, k, v, lengths, backend="triton")
+        ref_o, ref_lse = cache_attention_reference(q, k, v, lengths)
+    else:
+        from longspec_jax.attention import hybrid_tree_attention
+        mask = jnp.asarray(np.stack([verification_mask(rng, 5, M - 10, 5) for _ in range(B)]))
+        k_new, v_new = _normal(rng, (B, M, K, D), dtype), _normal(rng, (B, M, K, D), dtype)
+        args = (q, k, v, jnp.asarray([S, S // 3 - 7], jnp.int32), k_new, v_new, mask)
+        o, lse = hybrid_tree_attention(*args, impl="pallas")
+        ref_o, ref_lse = hybrid_tree_attention(*args, impl="naive")
+    _assert_close(o, lse, ref_o, ref_lse, dtype)

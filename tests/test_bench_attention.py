@@ -1,0 +1,90 @@
+"""``python -m infer.bench attention``: its inputs, the op loop's bookkeeping, the report, and a smoke run (tiny
+shapes, Pallas interpret mode on the CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from infer.bench import attention
+from infer.bench.attention_loop import L2_BYTES, cache_copies, l2_cell, l2_note, num_rotations, per_op
+from infer.bench.attention_ops import tree_masks
+from infer.bench.attention_report import markdown
+
+
+def test_tree_masks_layout():
+    (mask,) = tree_masks(np.random.default_rng(0), 1, 20, num_accepted=5, num_pad=5)
+    np.testing.assert_array_equal(mask[:5, :5], np.tril(np.ones((5, 5), bool)))  # accepted: causal
+    assert not mask[:5, 5:].any() and not mask[15:].any()  # accepted see no node; padding rows see nothing
+    nodes = mask[5:15]
+    assert nodes[:, :5].all() and np.diagonal(nodes[:, 5:15]).all()  # every node sees the accepted and itself
+    assert not np.triu(nodes[:, 5:15], 1).any()  # ancestors only: parents come first
+
+
+def test_rotation_and_l2_notes():
+    assert num_rotations(10 * 2**20, smoke=False, max_rotate=32) == 18  # ceil(3 x 60 MiB / 10 MiB)
+    assert num_rotations(10 * 2**20, smoke=False, max_rotate=16) == 16
+    assert num_rotations(2**30, smoke=False, max_rotate=16) == 1
+    assert num_rotations(2**30, smoke=True, max_rotate=16) == 2
+    cold = l2_note(L2_BYTES, 3)
+    assert cold["cold"] and cold["set_fits_l2"] and not cold["cycle_fits_l2"]
+    assert l2_cell(cold) == f"no (3 x {L2_BYTES / 1e6:.3g} MB)"
+    assert l2_cell(l2_note(1_000_000, 1)) == "yes (1 MB)"
+    assert l2_cell(l2_note(L2_BYTES // 2, 3)) == f"partly (3 x {L2_BYTES / 2e6:.3g} MB)"
+    assert l2_cell(None) == "-"
+
+
+def test_cache_copies_finds_cache_shaped_copies_only():
+    cache = jnp.zeros((1, 256, 2, 64), jnp.bfloat16)
+    hlo = "\n".join(["  %copy.3 = bf16[1,256,2,64]{3,2,1,0} copy(%p)", "  %add.1 = bf16[1,256,2,64]{3,2,1,0} add(%a)",
+                     "  ROOT %transpose.7 = bf16[1,256,2,64]{3,2,1,0} transpose(%x)",
+                     "  %copy.4 = f32[1,256,2,64]{3,2,1,0} copy(%q)"])
+    assert cache_copies(hlo, cache) == ["copy.3", "transpose.7"]
+
+
+def test_per_op_subtracts_the_empty_loop():
+    t = dict(per_step_s=50e-6, n=10, steps_per_iter=2, call_s=1e-3, compile_s=1.234, num_cache_copies=0,
+             cache_copies=[])
+    r = per_op(t, dict(per_step_s=20e-6, num_cache_copies=0))
+    assert r["us"] == pytest.approx(30.0) and r["raw_us"] == pytest.approx(50.0)
+    assert r["overhead_us"] == pytest.approx(20.0) and r["loop"]["compile_s"] == 1.23
+    assert r["loop"]["call_ms"] == pytest.approx(1.0)
+
+
+def test_markdown_marks_skipped_rows():
+    report = dict(date="d", device="H200", jax="0.11", table=[dict(model="vicuna-7b", B=4, S=65536, skipped=True)])
+    assert "| vicuna-7b | 4 | 65536 | skipped (budget) |" in markdown(report)
+
+
+def test_checks_are_not_a_section_any_more():
+    with pytest.raises(SystemExit):
+        attention.parse_args(["--out", "x", "--sections", "checks,copy"])
+
+
+@pytest.mark.slow
+def test_bench_attention_smoke(tmp_path):
+    """The benchmark runs end to end on tiny shapes (interpret mode) and writes its report: every op timed inside
+    a jitted loop (with the empty-loop overhead measured), K/V sets rotated, default sweep row."""
+    report = attention.main(["--smoke", "--out", str(tmp_path)])
+    assert report["copy"]["bytes_per_s"] > 0 and report["copy"]["dispatch"]["bytes_per_s"] > 0
+    assert report["sweep"] and all("us" in r for r in report["sweep"]), report["sweep"]
+    assert [r["default"] for r in report["sweep"]][0] is True  # the current default_config comes first
+    assert [r["default"] for r in report["sweep_cudnn"]] == [True, False] and all("us" in r for r in report["sweep_cudnn"])
+    (row,) = report["table"]
+    assert not row["errors"], row["errors"]
+    names = {"gpu", "pallas", "xla", "naive", "cache", "kernel", "cache_cudnn", "tree", "decode", "decode_cudnn",
+             "dpa"}  # cudnn and mgpu need a GPU
+    assert set(row["us"]) == set(row["raw_us"]) == set(row["overhead_us"]) == names
+    assert all(row["overhead_us"][k] > 0 and row["raw_us"][k] > 0 for k in names)
+    assert all(abs(row["us"][k] - (row["raw_us"][k] - row["overhead_us"][k])) < 1e-6 for k in names)
+    assert row["l2"]["rotate"] == 2 and row["loop"]["cache"]["steps_per_iter"] == 2  # rotation path runs
+    assert row["loop"]["tree"]["steps_per_iter"] == 1
+    assert all(v["empty_num_cache_copies"] == 0 for v in row["loop"].values())
+    assert all(row["loop"][k]["num_cache_copies"] == 0 for k in ("xla", "naive", "dpa"))  # XLA-only ops
+    saved = json.loads((tmp_path / "bench_attention.json").read_text())
+    assert saved["table"][0]["us"].keys() == row["us"].keys()
+    md = (tmp_path / "bench_attention.md").read_text()
+    assert "| llama3-8b | 1 | 256 |" in md and "| K/V fits L2 |" in md and "| 1 (default) |" in md
