@@ -94,3 +94,11 @@ def test_time_runs_times_each_run_from_a_fresh_start():
     seconds, last = harness.time_runs(start, lambda x: x * 10, reps=3)
     assert starts == [0, 1, 2, 3]  # the warm-up, then 3 timed runs
     assert float(last) == 40 and seconds > 0
+
+
+def test_arg_parser_has_out_and_smoke():
+    p = harness.arg_parser("x", "doc", "tiny")
+    args = p.parse_args(["--out", "d", "--smoke"])
+    assert args.out == "d" and args.smoke and p.prog == "python -m infer.bench x"
+    with pytest.raises(SystemExit):
+        p.parse_args([])  # --out is required

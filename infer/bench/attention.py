@@ -26,7 +26,6 @@ markdown.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import sys
 import time
@@ -37,7 +36,7 @@ import jax
 from infer.bench.attention_loop import L2_BYTES, OpTimer
 from infer.bench.attention_report import markdown
 from infer.bench.attention_sections import run_sweep, run_sweep_cudnn, run_table, sweep_best
-from infer.bench.harness import copy_bandwidth, log, write_report
+from infer.bench.harness import arg_parser, copy_bandwidth, log, write_report
 
 SECTIONS = ("copy", "sweep", "table")
 TIMING_METHOD = ("each op run n times inside one jitted lax.fori_loop; every step perturbs its inputs by a scalar "
@@ -48,10 +47,7 @@ TIMING_METHOD = ("each op run n times inside one jitted lax.fori_loop; every ste
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m infer.bench attention", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="output directory for bench_attention.json / .md")
-    p.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (CPU), for tests")
+    p = arg_parser("attention", __doc__, "tiny shapes in interpret mode (CPU), for tests")
     p.add_argument("--sections", default=",".join(SECTIONS), help="subset of " + ",".join(SECTIONS))
     p.add_argument("--models", default="llama3-8b,vicuna-7b")
     p.add_argument("--batches", default="1,4")

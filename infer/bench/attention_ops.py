@@ -3,9 +3,14 @@ op timed (hybrid attention per impl, each half alone, decode, jax's own kernels)
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from infer.bench.attention_loop import num_rotations
 
 MODELS = {"llama3-8b": (32, 8), "vicuna-7b": (32, 32)}  # (query heads, kv heads)
 HYBRID_USES = ("q", "k_new", "v_new", "lengths")
@@ -59,17 +64,47 @@ def make_kv_sets(seed, B, S, K, D, dtype, R, first=None) -> tuple:
     return tuple(sets)
 
 
-def make_row_inputs(seed: int, B: int, M: int, S: int, H: int, K: int, D: int, dtype, R: int):
-    """(small inputs dict, [tuple of R distinct (k_cache, v_cache) sets]): the second is a one-element box that
-    the timer refills with the donated-and-returned sets."""
-    inp = make_inputs(seed, B, M, S, H, K, D, dtype)
-    small = {k: inp[k] for k in ("q", "k_new", "v_new", "lengths", "mask")}
-    small["q1"] = inp["q"][:, :1]
-    return small, [make_kv_sets(seed, B, S, K, D, dtype, R, first=(inp["k_cache"], inp["v_cache"]))]
+@dataclasses.dataclass
+class RowInputs:
+    """One shape's inputs: the small ones (``q1`` = the first query alone) and a one-element box holding R
+    distinct K/V sets, which the timer refills with the donated-and-returned sets."""
 
+    seed: int
+    B: int
+    M: int
+    S: int
+    H: int
+    K: int
+    D: int
+    dtype: Any
+    R: int
 
-def kv_sets_alive(kv_box) -> bool:
-    return not any(a.is_deleted() for a in jax.tree_util.tree_leaves(kv_box[0]))
+    @classmethod
+    def rotated(cls, seed, B, M, S, H, K, D, dtype, args) -> "RowInputs":
+        """With as many K/V sets as :func:`num_rotations` asks for at this size."""
+        return cls(seed, B, M, S, H, K, D, dtype, num_rotations(cache_bytes(B, S, K, D, dtype), args.smoke,
+                                                                 args.max_rotate))
+
+    def __post_init__(self):
+        inp = make_inputs(self.seed, self.B, self.M, self.S, self.H, self.K, self.D, self.dtype)
+        self.small = {k: inp[k] for k in ("q", "k_new", "v_new", "lengths", "mask")}
+        self.small["q1"] = inp["q"][:, :1]
+        self.kv_box = [make_kv_sets(self.seed, self.B, self.S, self.K, self.D, self.dtype, self.R,
+                                    first=(inp["k_cache"], inp["v_cache"]))]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one K/V set."""
+        return cache_bytes(self.B, self.S, self.K, self.D, self.dtype)
+
+    def kv(self) -> list:
+        """The K/V box, its sets made again where a failed donated call freed them."""
+        if any(a.is_deleted() for a in jax.tree_util.tree_leaves(self.kv_box[0])):
+            self.kv_box[0] = make_kv_sets(self.seed, self.B, self.S, self.K, self.D, self.dtype, self.R)
+        return self.kv_box
+
+    def estimate_s(self, name: str, M: int | None = None) -> float:
+        return estimate_s(name, self.B, self.M if M is None else M, self.S, self.H, self.K, self.D)
 
 
 def estimate_s(name: str, B: int, M: int, S: int, H: int, K: int, D: int, itemsize: int = 2) -> float:

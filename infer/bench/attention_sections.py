@@ -9,8 +9,7 @@ import traceback
 import jax.numpy as jnp
 
 from infer.bench.attention_loop import EMPTY_EST_S, OpTimer, identity_op, l2_cell, l2_note, num_rotations, per_op
-from infer.bench.attention_ops import (MODELS, build_ops, cache_bytes, chunk_attention_fn, estimate_s,
-                                       kv_sets_alive, make_kv_sets, make_row_inputs)
+from infer.bench.attention_ops import MODELS, RowInputs, build_ops, cache_bytes, chunk_attention_fn
 from infer.bench.harness import error_text, log
 
 
@@ -18,11 +17,15 @@ def ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x.strip()]
 
 
-def _bandwidth(rec: dict, r: dict, nbytes: int, copy_bw) -> float | None:
-    """Adds the op's time and achieved cache bytes/s (and its fraction of the copy bandwidth) to ``rec``."""
-    bw = nbytes / (r["us"] * 1e-6) if r["us"] > 0 else None
+def _time_cache_half(timer: OpTimer, kind: str, op, uses, inputs: RowInputs, M: int, empty: dict, rec: dict,
+                     copy_bw) -> tuple[dict, float | None]:
+    """Times a cache-half op with M queries into ``rec``: its time net of the empty loop, the achieved cache
+    bytes/s and their fraction of the copy bandwidth. Returns the time and the bytes/s."""
+    est_s = inputs.estimate_s("decode" if M == 1 else "cache", M)
+    r = per_op(timer.time(kind, op, uses, inputs.small, inputs.kv(), est_s=est_s), empty)
+    bw = inputs.nbytes / (r["us"] * 1e-6) if r["us"] > 0 else None
     rec.update(r, bytes_per_s=bw, frac_copy_bw=bw / copy_bw if (copy_bw and bw) else None)
-    return bw
+    return r, bw
 
 
 def run_sweep(args, backend, copy_bw, t_start, timer: OpTimer) -> list:
@@ -36,11 +39,9 @@ def run_sweep(args, backend, copy_bw, t_start, timer: OpTimer) -> list:
     dtype = jnp.bfloat16
     if args.smoke:
         H, K, B, D, S = 4, 2, 1, 64, 256
-    nbytes = cache_bytes(B, S, K, D, dtype)
-    R = num_rotations(nbytes, args.smoke, args.max_rotate)
-    note = l2_note(nbytes, R)
-    small, kv_box = make_row_inputs(200, B, args.new_tokens, S, H, K, D, dtype, R)
-    log(f"  K/V {nbytes / 1e6:.1f} MB per set, {R} sets rotated; fits L2: {l2_cell(note)}")
+    inputs = RowInputs.rotated(200, B, args.new_tokens, S, H, K, D, dtype, args)
+    note = l2_note(inputs.nbytes, inputs.R)
+    log(f"  K/V {inputs.nbytes / 1e6:.1f} MB per set, {inputs.R} sets rotated; fits L2: {l2_cell(note)}")
     results = []
     sweep_start = time.perf_counter()
     for M in ((1,) if args.smoke else (1, args.new_tokens)):
@@ -67,7 +68,7 @@ def run_sweep(args, backend, copy_bw, t_start, timer: OpTimer) -> list:
         combos += [("grid", c) for c in ((br, bk, ns, nw, st, "pallas") for br in block_rs for bk in block_ks
                                          for ns in splits for nw in warps for st in stages) if not is_default(*c)]
         try:
-            empty = timer.time("empty", identity_op(uses), uses, small, kv_box, est_s=EMPTY_EST_S)
+            empty = timer.time("empty", identity_op(uses), uses, inputs.small, inputs.kv(), est_s=EMPTY_EST_S)
         except Exception as exc:
             log(f"  M={M}: empty loop FAILED {error_text(exc)}")
             traceback.print_exc()
@@ -92,11 +93,7 @@ def run_sweep(args, backend, copy_bw, t_start, timer: OpTimer) -> list:
             op = (lambda i, _cfg=cfg, _qn=uses[0]: cache_attention(i[_qn], i["k_cache"], i["v_cache"], i["lengths"],
                                                                     backend=backend, **_cfg))
             try:
-                if not kv_sets_alive(kv_box):
-                    kv_box[0] = make_kv_sets(200, B, S, K, D, dtype, R)
-                r = per_op(timer.time(f"sweep{M}", op, uses, small, kv_box,
-                                      est_s=estimate_s("decode" if M == 1 else "cache", B, M, S, H, K, D)), empty)
-                bw = _bandwidth(rec, r, nbytes, copy_bw)
+                r, bw = _time_cache_half(timer, f"sweep{M}", op, uses, inputs, M, empty, rec, copy_bw)
                 rec["l2"] = note
                 results.append(rec)
                 log(f"  {label}: {r['us']:8.1f} us (raw {r['raw_us']:.1f})" + (f"  {bw / 1e12:.2f} TB/s" if bw else "")
@@ -134,13 +131,11 @@ def run_sweep_cudnn(args, copy_bw, t_start, timer: OpTimer) -> list:
     results = []
     for model in models:
         H, K = (4, 2) if args.smoke else MODELS[model]
-        nbytes = cache_bytes(B, S, K, D, dtype)
-        R = num_rotations(nbytes, args.smoke, args.max_rotate)
-        small, kv_box = make_row_inputs(400, B, args.new_tokens, S, H, K, D, dtype, R)
+        inputs = RowInputs.rotated(400, B, args.new_tokens, S, H, K, D, dtype, args)
         for M in ((1,) if args.smoke else (1, args.new_tokens)):
             uses = ("q1" if M == 1 else "q", "lengths")
             default = default_num_splits(B, K, M * (H // K), S)
-            empty = timer.time("empty", identity_op(uses), uses, small, kv_box, est_s=EMPTY_EST_S)
+            empty = timer.time("empty", identity_op(uses), uses, inputs.small, inputs.kv(), est_s=EMPTY_EST_S)
             for ns in splits:
                 if time.perf_counter() - t_start > args.budget_s:
                     log("  budget used up; skipping the rest of the cuDNN sweep")
@@ -152,11 +147,7 @@ def run_sweep_cudnn(args, copy_bw, t_start, timer: OpTimer) -> list:
                 op = (lambda i, _q=uses[0], _ns=used: cudnn_cache_attention(
                     i[_q], i["k_cache"], i["v_cache"], i["lengths"], num_splits=_ns, chunk_attention=chunk_fn))
                 try:
-                    if not kv_sets_alive(kv_box):
-                        kv_box[0] = make_kv_sets(400, B, S, K, D, dtype, R)
-                    r = per_op(timer.time(f"cudnn{M}", op, uses, small, kv_box,
-                                          est_s=estimate_s("decode" if M == 1 else "cache", B, M, S, H, K, D)), empty)
-                    bw = _bandwidth(rec, r, nbytes, copy_bw)
+                    r, bw = _time_cache_half(timer, f"cudnn{M}", op, uses, inputs, M, empty, rec, copy_bw)
                     log(f"  cuDNN {model} M={M} splits={used}{' (default)' if rec['default'] else ''}: "
                         f"{r['us']:8.1f} us" + (f" ({100 * bw / copy_bw:.0f}% of copy)" if (copy_bw and bw) else ""))
                 except Exception as exc:
@@ -164,25 +155,21 @@ def run_sweep_cudnn(args, copy_bw, t_start, timer: OpTimer) -> list:
                     log(f"  cuDNN {model} M={M} splits={used}: FAILED {rec['error'][:300]}")
                     traceback.print_exc()
                 results.append(rec)
-        del small, kv_box
+        del inputs
     return results
 
 
-def _measure_row(ops, impls, row: dict, small, kv_box, timer: OpTimer, remake_kv) -> None:
+def _measure_row(ops, impls, row: dict, inputs: RowInputs, timer: OpTimer) -> None:
     """Times every op of ``impls`` on one table row's inputs into ``row`` (us, raw_us, overhead_us, loop)."""
     empties: dict = {}
-    B, S, M, H, K, D = (row[k] for k in ("B", "S", "M", "H", "K", "D"))
 
     def measure(name):
         op, uses, with_cache = ops[name]
-        box = kv_box if with_cache else None
-        if with_cache and not kv_sets_alive(kv_box):  # a failed donated call may have freed them
-            kv_box[0] = remake_kv()
+        box = inputs.kv() if with_cache else None
         key = (uses, with_cache)
         if key not in empties:
-            empties[key] = timer.time("empty", identity_op(uses), uses, small, box, est_s=EMPTY_EST_S)
-        t = timer.time(name, op, uses, small, box, est_s=estimate_s(name, B, M, S, H, K, D))
-        return per_op(t, empties[key])
+            empties[key] = timer.time("empty", identity_op(uses), uses, inputs.small, box, est_s=EMPTY_EST_S)
+        return per_op(timer.time(name, op, uses, inputs.small, box, est_s=inputs.estimate_s(name)), empties[key])
 
     for impl in impls:
         if impl not in ops:
@@ -247,16 +234,15 @@ def run_table(args, backend, copy_bw, t_start, timer: OpTimer) -> list:
                 row = dict(model=model, H=H, K=K, D=D, B=B, S=S, M=M, us={}, raw_us={}, overhead_us={}, loop={},
                            errors={}, l2=l2_note(nbytes, R))
                 try:
-                    small, kv_box = make_row_inputs(300, B, M, S, H, K, D, dtype, R)
+                    inputs = RowInputs(300, B, M, S, H, K, D, dtype, R)
                 except Exception as exc:
                     log(f"  {model} B={B} S={S}: input allocation failed: {exc}")
                     row["errors"]["inputs"] = str(exc)[:1000]
                     rows.append(row)
                     continue
-                _measure_row(ops, impls, row, small, kv_box, timer,
-                             lambda _B=B, _S=S, _K=K, _R=R: make_kv_sets(300, _B, _S, _K, D, dtype, _R))
+                _measure_row(ops, impls, row, inputs, timer)
                 _ratios(row, nbytes, copy_bw)
-                del small, kv_box
+                del inputs
                 row["elapsed_s"] = time.perf_counter() - t_row
                 rows.append(row)
                 summary = "  ".join(f"{k} {v:.1f}" for k, v in row["us"].items())

@@ -37,7 +37,7 @@ import time
 import traceback
 from pathlib import Path
 
-from infer.bench.harness import copy_bandwidth, error_text, log, md_header, md_row, time_loop, write_report
+from infer.bench.harness import arg_parser, copy_bandwidth, error_text, log, md_header, md_row, time_loop, write_report
 
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
                  num_kv_heads=8, head_dim=128, rope_theta=500000.0, rms_norm_eps=1e-5)
@@ -52,8 +52,7 @@ PROG = "python -m infer.bench decode"
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="output directory for bench_decode.json / .md")
+    p = arg_parser("decode", __doc__, "tiny shapes on the CPU (for tests)")
     p.add_argument("--contexts", help="prompt lengths, comma-separated (default 1024,16384,32768; with --smoke "
                                       f"{SMOKE_CONTEXTS})")
     p.add_argument("--new-tokens", type=int, help=f"decode steps timed per run (default 128; with --smoke "
@@ -64,7 +63,6 @@ def parse_args(argv=None):
     p.add_argument("--impls", default="auto", help="attention impls for our decode (auto = Pallas on GPU); "
                                                    "xla is added when every auto run fails")
     p.add_argument("--budget-s", type=float, default=360.0, help="total wall-time budget of all workers")
-    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (for tests)")
     # internal
     p.add_argument("--worker", choices=PARTS, help=argparse.SUPPRESS)
     p.add_argument("--results", help=argparse.SUPPRESS)

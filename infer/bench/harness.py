@@ -8,6 +8,7 @@ calls (median). Whole calls (a generation loop from its post-prefill state): :fu
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import json
@@ -147,6 +148,16 @@ def copy_bandwidth(smoke: bool, target_s: float = 0.025, calls: int = 5) -> dict
 
 
 # ------------------------------------------------------------------------------------------------ output
+
+def arg_parser(name: str, doc: str, smoke_help: str) -> argparse.ArgumentParser:
+    """The command line of ``python -m infer.bench NAME``, with ``--out`` (for ``bench_NAME.json`` / ``.md``)
+    and ``--smoke``."""
+    p = argparse.ArgumentParser(prog=f"python -m infer.bench {name}", description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help=f"output directory for bench_{name}.json / .md")
+    p.add_argument("--smoke", action="store_true", help=smoke_help)
+    return p
+
 
 def md_row(cells) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"

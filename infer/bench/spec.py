@@ -27,7 +27,6 @@ H200 runs of 2026-11-29 (docs/benchmarks.md section 3):
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import functools
@@ -38,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from infer.bench.harness import error_text, log, md_header, md_row, time_runs, write_report
+from infer.bench.harness import arg_parser, error_text, log, md_header, md_row, time_runs, write_report
 from infer.bench.near_tie import first_divergence, top2_logit_gap
 from infer.bench.oracle import oracle_hook, oracle_table
 from infer.bench.spec_inputs import build_padded_pair, dev_prompt_tokens, stable_prompt_offset
@@ -219,9 +218,7 @@ def markdown(results: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m infer.bench spec", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True)
+    p = arg_parser("spec", __doc__, "tiny random pair on the CPU")
     p.add_argument("--fixture", help="the small code-LM fixture directory")
     p.add_argument("--pad-script", help="path of the fixture's pad_model.py")
     p.add_argument("--work", default="/tmp/longspec_bench", help="where the padded pair is written (reused)")
@@ -238,7 +235,6 @@ def main(argv=None) -> int:
     p.add_argument("--commit-repeats", type=int, default=3,
                    help="times the verify / commit phases of both commit schemes are timed, in turn")
     p.add_argument("--budget-s", type=float, default=1e9, help="start no new context or phase set after this")
-    p.add_argument("--smoke", action="store_true", help="tiny random pair on the CPU")
     args = p.parse_args(argv)
     for key, value in (SMOKE if args.smoke else DEFAULTS).items():
         if getattr(args, key) is None:
