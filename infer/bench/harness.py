@@ -96,15 +96,16 @@ def time_loop(step: Callable, carry, consts: tuple = (), reps: int = 1, calls: i
                     first_call_s=first_s, compiled=compiled), carry
 
 
-def time_runs(start: Callable, run: Callable, reps: int) -> tuple[float, Any]:
-    """Median seconds of ``run(start())`` over ``reps`` runs (``start`` untimed), after one warm-up run; and the
-    last run's result. For whole jitted calls, such as a generation loop from its post-prefill state."""
+def time_runs(start: Callable, run: Callable, reps: int, warmup: bool = True) -> tuple[float, Any]:
+    """Median seconds of ``run(start())`` over ``reps`` runs (``start`` untimed), after one warm-up run (unless
+    ``warmup=False``: ``run`` is compiled and warm already); and the last run's result. For whole jitted calls,
+    such as a generation loop from its post-prefill state."""
     times = []
-    for i in range(reps + 1):
+    for i in range(reps + int(warmup)):
         state = start()
         jax.block_until_ready(state)
         seconds, state = _timed_call(run, state, ())
-        if i:
+        if i or not warmup:
             times.append(seconds)
     return statistics.median(times), state
 
