@@ -1,0 +1,235 @@
+"""Trained drafts on held-out prompts: tau and tokens/s of speculative against plain decoding, by context
+length and temperature, every draft on the same prompts in one run.
+
+    python -m infer.bench drafts --out DIR --target DIR --drafts ours=DIR,ref=DIR --prompts corpus/dev.jsonl
+    python -m infer.bench drafts ... --pad-script pad_model.py   # the same, with target and drafts padded to 8B cost
+    python -m infer.bench drafts --out DIR --smoke                # tiny random pair on the CPU
+
+Prompts: ``--num-prompts`` windows of each context length at seeded random offsets of the documents of
+``--prompts`` (a jsonl with a ``text`` field, e.g. the fixture's dev split), batch 1. Times exclude prefill (the
+reference's convention): a generation's post-prefill loop is timed on its own (median of ``--reps``).
+tau = tokens generated / (rounds + 1) and tokens/s are summed over the prompts. At T = 0 each speculative output
+is compared with the plain one (first divergence; bf16 paths may part at near-ties, architecture.md section 7).
+``repeat_4gram_share``: the share of the plain output's 4-grams already seen earlier in prompt or output (greedy
+output of a small model loops, which makes any draft look good).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from infer.bench.harness import log, md_header, md_row, time_runs, write_report
+from infer.bench.near_tie import first_divergence
+from infer.bench.spec_inputs import PAD_ARGS
+from infer.decoding import Progress, StopCriteria, prefill_and_first_token
+from infer.generate import pad_prompts, plan_speculative
+from infer.plain import plain_loop
+from infer.speculative import speculative_loop, speculative_start
+from longspec_jax.sampling import SamplingConfig
+
+
+def pad_pair(fixture: str, drafts: dict[str, str], pad_script: str, work: str) -> tuple[str, dict[str, str]]:
+    """The target and each draft padded to 8B-like cost by ``pad_model.py`` (reused when already in ``work``)."""
+    big = os.path.join(work, "target")
+    jobs = [([fixture, big, "--overwrite", *PAD_ARGS], big)]
+    padded = {name: os.path.join(work, f"draft_{name}") for name in drafts}
+    jobs += [(["--draft", path, big, padded[name], "--overwrite"], padded[name]) for name, path in drafts.items()]
+    for args, out in jobs:
+        if not os.path.isfile(os.path.join(out, "config.json")):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, pad_script, *args], check=True)
+            log(f"padded {out} in {time.perf_counter() - t0:.0f} s")
+    return big, padded
+
+
+def prompt_windows(docs: list[list[int]], context: int, count: int, seed: int) -> list[list[int]]:
+    """``count`` windows of ``context`` tokens at seeded random (document, offset) places."""
+    rng = np.random.default_rng([seed, context])
+    long_docs = [d for d in docs if len(d) >= context]
+    if not long_docs:
+        raise ValueError(f"no prompt document has {context} tokens")
+    windows = []
+    for _ in range(count):
+        doc = long_docs[int(rng.integers(len(long_docs)))]
+        start = int(rng.integers(len(doc) - context + 1))
+        windows.append(doc[start:start + context])
+    return windows
+
+
+def repeat_4gram_share(prompt, output) -> float:
+    """Share of the output's 4-grams that occur earlier in prompt + output."""
+    seq = [int(t) for t in prompt] + [int(t) for t in output]
+    seen, repeats, total = set(), 0, 0
+    for i in range(len(seq) - 3):
+        gram = tuple(seq[i:i + 4])
+        if i + 3 >= len(prompt):
+            total += 1
+            repeats += gram in seen
+        seen.add(gram)
+    return repeats / max(total, 1)
+
+
+class Runner:
+    """Compiled plain and speculative generation loops for one (target, draft settings, sampling), timed from
+    their post-prefill state."""
+
+    def __init__(self, target, draft, longest: int, new_tokens: int, sampling: SamplingConfig, tree, impl: str,
+                 reps: int):
+        self.settings = plan_speculative(target, draft, longest, new_tokens, sampling, tree, 512, impl)
+        base, self.stop, self.reps, self.params = self.settings.base, StopCriteria.make(new_tokens, []), reps, target.params
+        self.plain_start = jax.jit(lambda p, t, l, k: prefill_and_first_token(p, base, t, l, k))
+        self.plain_run = jax.jit(lambda p, pr, c, last, k: plain_loop(p, base, self.stop, pr, c, last, k),
+                                 donate_argnums=2)
+        s, self._warm = self.settings, set()
+        self.spec_start = jax.jit(lambda p, d, t, l, k: speculative_start(s, p, d, t, l, self.stop, k))
+        self.spec_run = jax.jit(lambda p, d, st: speculative_loop(s, p, d, self.stop, st), donate_argnums=2)
+
+    def _inputs(self, prompt, seed: int):
+        tokens, lengths = pad_prompts([np.asarray(prompt, np.int32)], self.settings.base.prompt_len)
+        return tokens, lengths, jax.random.PRNGKey(seed)
+
+    def _time(self, name: str, start, run):
+        """Median seconds of ``run(start())`` over ``reps`` runs, after one untimed run the first time ``name``
+        runs (its compile)."""
+        if name not in self._warm:
+            self._warm.add(name)
+            jax.block_until_ready(run(start()))
+        return time_runs(start, run, self.reps, warmup=False)
+
+    def plain(self, prompt, seed: int) -> dict:
+        tokens, lengths, key = self._inputs(prompt, seed)
+        base = self.settings.base
+
+        def start():
+            first, cache, k = self.plain_start(self.params, tokens, lengths, key)
+            return Progress.start(first, base.out_len, self.stop), cache, first, k
+
+        sec, progress = self._time("plain", start, lambda st: self.plain_run(self.params, *st))
+        n = int(progress.num_generated[0])
+        return dict(seconds=sec, generated=n, steps=int(progress.num_rounds[0]),
+                    tokens=np.asarray(progress.tokens)[0, :n].tolist())
+
+    def speculative(self, weights, prompt, seed: int) -> dict:
+        tokens, lengths, key = self._inputs(prompt, seed)
+        sec, state = self._time("speculative", lambda: self.spec_start(self.params, weights, tokens, lengths, key),
+                                lambda st: self.spec_run(self.params, weights, st))
+        n = int(state.progress.num_generated[0])
+        return dict(seconds=sec, generated=n, rounds=int(state.progress.num_rounds[0]),
+                    accept_counts=np.asarray(state.accept_counts)[0].tolist(),
+                    tokens=np.asarray(state.progress.tokens)[0, :n].tolist())
+
+
+def summarize(plain_runs: list[dict], spec_runs: list[dict] | None = None) -> dict:
+    """Totals over prompts: plain tokens/s (decode steps / s), or speculative tau, tokens/s and speedup."""
+    plain_tps = sum(r["steps"] for r in plain_runs) / sum(r["seconds"] for r in plain_runs)
+    if spec_runs is None:
+        return dict(tokens_per_s=plain_tps)
+    generated = sum(r["generated"] for r in spec_runs)
+    tps = sum(r["generated"] - 1 for r in spec_runs) / sum(r["seconds"] for r in spec_runs)
+    return dict(tau=generated / sum(r["rounds"] + 1 for r in spec_runs), tokens_per_s=tps, speedup=tps / plain_tps,
+                accept_counts=np.sum([r["accept_counts"] for r in spec_runs], axis=0).tolist())
+
+
+def run(args) -> dict:
+    from longspec_jax import load_draft, load_target
+
+    results = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
+               "jax": jax.__version__, "tree_shape": list(args.tree), "new_tokens": args.new_tokens, "rows": []}
+    if args.smoke:
+        from infer.bench.tiny import random_draft, tiny_target
+        target = tiny_target(0)
+        drafts = {"a": random_draft(1), "b": random_draft(2)}
+        rng = np.random.default_rng(0)
+        docs = [rng.integers(0, target.config.vocab_size, 300).tolist() for _ in range(3)]
+        impl = "xla"
+    else:
+        target_dir, draft_dirs = args.target, dict(args.drafts)
+        if args.pad_script:
+            target_dir, draft_dirs = pad_pair(args.target, draft_dirs, args.pad_script, args.work)
+        target = load_target(target_dir, dtype=jnp.bfloat16)
+        drafts = {name: load_draft(path, target) for name, path in draft_dirs.items()}
+        with open(args.prompts) as f:
+            texts = [json.loads(line)["text"] for line in f if line.strip()]
+        docs = [target.tokenizer(t)["input_ids"] for t in texts]
+        impl = "auto"
+    results["target_param_bytes"] = int(sum(x.nbytes for x in jax.tree.leaves(target.params)))
+    for temperature in args.temperatures:
+        sampling = SamplingConfig(temperature=temperature)
+        runner = Runner(target, next(iter(drafts.values())), max(args.contexts), args.new_tokens, sampling,
+                        args.tree, impl, args.reps)
+        for context in args.contexts:
+            prompts = prompt_windows(docs, context, args.num_prompts, args.seed)
+            plain = [runner.plain(p, args.seed + i) for i, p in enumerate(prompts)]
+            row = dict(context=context, temperature=temperature, plain=summarize(plain),
+                       repeat_4gram_share=float(np.mean([repeat_4gram_share(p, r["tokens"])
+                                                         for p, r in zip(prompts, plain)])))
+            log(f"ctx {context} T={temperature}: plain {row['plain']['tokens_per_s']:.1f} tok/s, "
+                f"repeated 4-grams {row['repeat_4gram_share']:.2f}")
+            for name, draft in drafts.items():
+                spec = [runner.speculative(draft.weights, p, args.seed + i) for i, p in enumerate(prompts)]
+                row[name] = summarize(plain, spec)
+                if temperature == 0:
+                    firsts = [first_divergence(s["tokens"], r["tokens"]) for s, r in zip(spec, plain)]
+                    row[name]["first_divergence"] = firsts
+                log(f"ctx {context} T={temperature}: {name} tau {row[name]['tau']:.2f}, "
+                    f"{row[name]['tokens_per_s']:.1f} tok/s ({row[name]['speedup']:.2f}x)")
+            results["rows"].append(row)
+            write_report(args.out, "bench_drafts", results, markdown(results, list(drafts)))
+    results["drafts"] = list(drafts)
+    return results
+
+
+def markdown(results: dict, names: list[str]) -> str:
+    lines = md_header(["context", "T", "plain tok/s", "repeated 4-grams"] +
+                      [f"{n} {what}" for n in names for what in ("tau", "tok/s", "speedup")])
+    for row in results["rows"]:
+        cells = [row["context"], row["temperature"], f"{row['plain']['tokens_per_s']:.1f}",
+                 f"{row['repeat_4gram_share']:.2f}"]
+        for n in names:
+            r = row[n]
+            cells += [f"{r['tau']:.2f}", f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x"]
+        lines.append(md_row(cells))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m infer.bench drafts", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--target", help="HF directory of the target (the small fixture with --pad-script)")
+    p.add_argument("--drafts", default="", help="name=DIR,... LongSpec drafts (HF release format) to compare")
+    p.add_argument("--prompts", help="jsonl of prompt documents (a 'text' field each)")
+    p.add_argument("--contexts", default="4096,16384")
+    p.add_argument("--temperatures", default="0,1")
+    p.add_argument("--num-prompts", type=int, default=5)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--tree", default="4,16,16,16,16")
+    p.add_argument("--reps", type=int, default=1, help="timed runs per generation (median)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pad-script", help="pad target and drafts to 8B cost with this pad_model.py first")
+    p.add_argument("--work", default="/tmp/longspec_drafts", help="where padded models are written (reused)")
+    p.add_argument("--smoke", action="store_true", help="tiny random target and drafts on the CPU")
+    args = p.parse_args(argv)
+    args.tree = tuple(int(x) for x in args.tree.split(","))
+    args.temperatures = [float(x) for x in args.temperatures.split(",")]
+    if args.smoke:
+        args.contexts, args.new_tokens, args.num_prompts = "40,64", 12, 2
+    args.contexts = [int(x) for x in str(args.contexts).split(",")]
+    args.drafts = [tuple(item.split("=", 1)) for item in args.drafts.split(",") if item]
+    if not args.smoke and not (args.target and args.drafts and args.prompts):
+        p.error("--target, --drafts and --prompts are required (or --smoke)")
+    results = run(args)
+    md = markdown(results, results["drafts"])
+    write_report(args.out, "bench_drafts", results, md)
+    print(md)
+    return 0
