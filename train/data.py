@@ -13,18 +13,25 @@ the position before it) and ``length`` (real tokens; the rest is padding). Forma
 EOS is a target only with ``data.eos_is_target`` (the reference's stage-1 data pads with EOS and so never
 trains it, reference.md 4.6). Tokenisation uses the target's tokenizer as it encodes by default (a Llama
 tokenizer adds BOS to every segment, as the reference's collators do).
+
+``python -m train.data --config FILE [dotted.key=value ...]`` tokenises a config's data ahead of training (the
+cache is what ``train.main`` then reads), e.g. once before several runs share ``data.cache_dir``.
 """
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import hashlib
 import json
 import os
+import sys
 
 import numpy as np
 
-from train.config import DataSection
+from longspec_jax.config import TargetConfig
+from longspec_jax.errors import ConfigError
+from train.config import DataSection, TrainConfig, load_config
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 DOCS_PER_BATCH = 64
@@ -46,23 +53,51 @@ class TokenRows:
                 "lengths": np.asarray(batch["length"], np.int32)}
 
 
+def load_rows(config: TrainConfig, target_config: TargetConfig) -> tuple[TokenRows, TokenRows | None]:
+    """The train rows and the eval rows (None without ``data.eval``) of a config, with the target's tokenizer."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(config.target.path)
+    except Exception as e:  # transformers raises many types for a missing or broken tokenizer
+        raise ConfigError(f"target.path {config.target.path}: cannot load its tokenizer, which training needs "
+                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    eos_id = target_config.eos_token_ids[0] if target_config.eos_token_ids else tokenizer.eos_token_id
+    if eos_id is None:
+        raise ConfigError("the target has no EOS token id (config or tokenizer); training data needs one")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    cache_dir = config.data.cache_dir or os.path.join(os.path.abspath(config.checkpoint.dir), "data_cache")
+    train_rows = build_rows(config.data.train, config.data, tokenizer, eos_id, pad_id, cache_dir, desc="train")
+    eval_rows = None
+    if config.data.eval:
+        eval_rows = build_rows(config.data.eval, config.data, tokenizer, eos_id, pad_id, cache_dir, desc="eval")
+    return train_rows, eval_rows
+
+
 def build_rows(files: list[str], data: DataSection, tokenizer, eos_id: int, pad_id: int, cache_dir: str,
                *, desc: str = "data") -> TokenRows:
     """Reads, tokenises and lays out ``files`` as rows (``datasets`` caches every stage under ``cache_dir``)."""
     fields = [data.text_field] if data.format == "text" else [data.prompt_field, data.answer_field]
     raw = _load(files, fields, cache_dir)
-    key = _fingerprint(files, data, tokenizer, eos_id, pad_id)
     tokenize = _tokenize_text if data.format == "text" else _tokenize_prompt_answer
+    tok_key = _fingerprint(files, tokenizer, data, ("format", "text_field", "prompt_field", "answer_field",
+                                                    "append_eos") + (("seq_len",) if data.format != "text" else ()),
+                           eos_id)
+    num_proc = min(data.num_proc or min(16, os.cpu_count() or 1), max(1, len(raw) // DOCS_PER_BATCH))
+    if num_proc > 1:  # processes tokenise in parallel; the tokenizer's own threads would oversubscribe
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
     tokens = raw.map(tokenize, batched=True, batch_size=DOCS_PER_BATCH, remove_columns=raw.column_names,
-                     fn_kwargs=dict(tokenizer=tokenizer, data=data, eos_id=eos_id),
-                     new_fingerprint=f"{key}-tok", desc=f"{desc}: tokenise")
+                     fn_kwargs=dict(tokenizer=tokenizer, data=data, eos_id=eos_id), num_proc=num_proc if num_proc > 1 else None,
+                     new_fingerprint=tok_key, desc=f"{desc}: tokenise")
+    rows_key = _fingerprint(files, tokenizer, data, ("seq_len", "pack", "eos_is_target"), tok_key, pad_id)
     if data.format == "text" and data.pack:
         layout, kwargs = _pack, dict(seq_len=data.seq_len)
     else:
         layout, kwargs = _cut_and_pad, dict(seq_len=data.seq_len, pad_id=pad_id)
-    rows = tokens.map(layout, batched=True, batch_size=DOCS_PER_BATCH, remove_columns=tokens.column_names,
+    rows = tokens.with_format("numpy").map(layout, batched=True, batch_size=DOCS_PER_BATCH,
+                                          remove_columns=tokens.column_names,
                       fn_kwargs=dict(kwargs, eos_id=eos_id, eos_is_target=data.eos_is_target),
-                      new_fingerprint=f"{key}-rows", desc=f"{desc}: rows")
+                      new_fingerprint=rows_key, desc=f"{desc}: rows")
     if len(rows) == 0:
         raise ValueError(f"{desc}: {', '.join(files)} give no row of {data.seq_len} tokens")
     return TokenRows(rows.with_format("numpy"))
@@ -83,17 +118,15 @@ def _load(files: list[str], fields: list[str], cache_dir: str):
     return datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
 
 
-def _fingerprint(files, data: DataSection, tokenizer, eos_id: int, pad_id: int) -> str:
-    """Cache key of the tokenised rows: the files (path, size, mtime), the tokenizer and the layout settings."""
+def _fingerprint(files, tokenizer, data: DataSection, fields: tuple[str, ...], *extra) -> str:
+    """Cache key of a stage: the files (path, size, mtime), the tokenizer, the ``data`` settings it depends on."""
     h = hashlib.sha256()
     for path in files:
         st = os.stat(path)
         h.update(f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns};".encode())
     backend = getattr(tokenizer, "backend_tokenizer", None)  # a fast tokenizer's whole spec (vocab and merges)
     h.update((backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)).encode())
-    settings = {k: getattr(data, k) for k in ("format", "text_field", "prompt_field", "answer_field", "seq_len",
-                                              "pack", "append_eos", "eos_is_target")}
-    h.update(json.dumps([settings, eos_id, pad_id], sort_keys=True).encode())
+    h.update(json.dumps([{k: getattr(data, k) for k in fields}, *extra], sort_keys=True).encode())
     return h.hexdigest()[:32]
 
 
@@ -123,7 +156,7 @@ def _targets(tokens: np.ndarray, first_target: int, length: int, eos_id: int, eo
 
 
 def _pack(batch, seq_len: int, eos_id: int, eos_is_target: bool):
-    stream = np.fromiter((t for ids in batch["ids"] for t in ids), np.int32)
+    stream = np.concatenate(list(batch["ids"])).astype(np.int32)
     n = len(stream) // seq_len
     tokens = stream[:n * seq_len].reshape(n, seq_len)
     return {"tokens": tokens, "targets": [_targets(row, 1, seq_len, eos_id, eos_is_target) for row in tokens],
@@ -185,3 +218,23 @@ class Batches:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m train.data", description="Tokenise a training config's data.")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config, args.overrides)
+        train_rows, eval_rows = load_rows(config, TargetConfig.from_dir(config.target.path))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"train: {len(train_rows)} rows of {config.data.seq_len} tokens"
+          + (f"; eval: {len(eval_rows)} rows" if eval_rows is not None else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -23,11 +23,12 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from longspec_jax import load_draft, load_target
+from longspec_jax.config import TargetConfig
 from longspec_jax.draft import DraftConfig, init_draft
 from longspec_jax.errors import ConfigError
 from train.checkpointing import Checkpointer, checkpoint_metadata, latest_step, restore_checkpoint
 from train.config import TrainConfig, config_to_dict, load_config
-from train.data import BatchOrder, Batches, TokenRows, build_rows
+from train.data import BatchOrder, Batches, TokenRows, load_rows
 from train.flops import device_peak_flops, train_flops_per_token
 from train.metrics import MetricsLog
 from train.sharding import init_distributed, jit_train_step, make_mesh, put_batch, replicated, tree_shardings
@@ -57,17 +58,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(config: TrainConfig) -> list[dict]:
     """Trains (or resumes) as ``config`` says; returns the metrics logged by this call."""
+    ckpt_dir = os.path.abspath(config.checkpoint.dir)
+    # Data first: tokenising forks worker processes, which must happen before JAX starts its threads.
+    target_config = TargetConfig.from_dir(config.target.path)
+    draft_config = DraftConfig.from_target(target_config, config.draft.window)
+    train_rows, eval_rows = load_rows(config, target_config)
     init_distributed()
     mesh = make_mesh(config.mesh)
     rows_per_device = config.train.batch_size // config.train.grad_accum
     if rows_per_device % mesh.size:
         raise ConfigError(f"train.batch_size / train.grad_accum = {rows_per_device} rows per micro-batch do not "
                           f"divide over the {mesh.size} devices")
-    target = load_target(config.target.path, dtype=DTYPES[config.target.dtype])
-    if target.tokenizer is None:
-        raise ConfigError(f"target.path {config.target.path} has no tokenizer files; training needs one")
-    draft_config = DraftConfig.from_target(target.config, config.draft.window)
-    ckpt_dir = os.path.abspath(config.checkpoint.dir)
+    target = load_target(config.target.path, dtype=DTYPES[config.target.dtype], load_tokenizer=False)
 
     settings = StepSettings(target=target.config, draft=draft_config, compute_dtype=DTYPES[config.train.compute_dtype],
                             anchor=config.anchor, max_shift=config.noise.max_shift, kl_weight=config.loss.kl_weight,
@@ -78,7 +80,6 @@ def run(config: TrainConfig) -> list[dict]:
     target_sharding = tree_shardings(mesh, target.params)
     target_params = jax.device_put(target.params, target_sharding)
     state, start = _initial_state(config, target, draft_config, optimizer, abstract, state_sharding, ckpt_dir)
-    train_rows, eval_rows = _data(config, target, ckpt_dir)
 
     step_fn = jit_train_step(settings, optimizer, schedule, mesh, state_sharding, target_sharding)
     flops = train_flops_per_token(target.config, draft_config, config.data.seq_len, kl=config.loss.kl_weight > 0)
@@ -128,20 +129,6 @@ def run(config: TrainConfig) -> list[dict]:
         checkpointer.close()
         log.close()
     return logged
-
-
-def _data(config: TrainConfig, target, ckpt_dir: str) -> tuple[TokenRows, TokenRows | None]:
-    tokenizer = target.tokenizer
-    eos_id = target.config.eos_token_ids[0] if target.config.eos_token_ids else tokenizer.eos_token_id
-    if eos_id is None:
-        raise ConfigError("the target has no EOS token id (config or tokenizer); training data needs one")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
-    cache_dir = config.data.cache_dir or os.path.join(ckpt_dir, "data_cache")
-    train_rows = build_rows(config.data.train, config.data, tokenizer, eos_id, pad_id, cache_dir, desc="train")
-    eval_rows = None
-    if config.data.eval:
-        eval_rows = build_rows(config.data.eval, config.data, tokenizer, eos_id, pad_id, cache_dir, desc="eval")
-    return train_rows, eval_rows
 
 
 def _abstract_draft(draft_config: DraftConfig):
