@@ -1,0 +1,53 @@
+"""``python -m infer.bench drafts``: prompt windows, the repeated-4-gram share and the summary arithmetic on
+hand-made cases, and a smoke run end to end on the CPU."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from infer.bench import drafts
+
+
+def test_prompt_windows_are_seeded_slices_of_long_enough_documents():
+    docs = [list(range(5)), list(range(100, 160)), list(range(200, 230))]
+    a = drafts.prompt_windows(docs, 20, 6, seed=1)
+    assert a == drafts.prompt_windows(docs, 20, 6, seed=1) and a != drafts.prompt_windows(docs, 20, 6, seed=2)
+    for w in a:
+        assert len(w) == 20 and np.all(np.diff(w) == 1) and w[0] >= 100  # a contiguous slice, never the short doc
+    with pytest.raises(ValueError, match="no prompt document has 100 tokens"):
+        drafts.prompt_windows(docs, 100, 1, seed=0)
+
+
+def test_repeat_4gram_share():
+    assert drafts.repeat_4gram_share([1, 2, 3, 4] * 3, [1, 2, 3, 4] * 2) == 1.0  # a loop: every 4-gram seen
+    # the 4-grams that end in the output count, those across the join too: 2341 3412 4123 are new, 1234 is not
+    assert drafts.repeat_4gram_share([1, 2, 3, 4], [1, 2, 3, 4]) == pytest.approx(1 / 4)
+    # prompt 1 2 3, output 4 1 2 3 4: output 4-grams (1234 at the join) 2341 3412 4123 1234 -> only 1234 repeats
+    assert drafts.repeat_4gram_share([1, 2, 3], [4, 1, 2, 3, 4]) == pytest.approx(1 / 5)
+    assert drafts.repeat_4gram_share([9, 9], [1, 2]) == 0.0
+
+
+def test_summary_arithmetic():
+    plain = [dict(seconds=2.0, steps=100), dict(seconds=2.0, steps=60)]
+    spec = [dict(seconds=1.0, generated=101, rounds=24, accept_counts=[4, 20]),
+            dict(seconds=1.0, generated=61, rounds=29, accept_counts=[29, 0])]
+    assert drafts.summarize(plain) == {"tokens_per_s": 40.0}
+    s = drafts.summarize(plain, spec)
+    assert s["tau"] == pytest.approx(162 / 55) and s["tokens_per_s"] == pytest.approx(80.0)
+    assert s["speedup"] == pytest.approx(2.0) and s["accept_counts"] == [33, 20]
+
+
+@pytest.mark.slow
+def test_smoke_run(tmp_path):
+    assert drafts.main(["--out", str(tmp_path), "--smoke"]) == 0
+    report = json.loads((tmp_path / "bench_drafts.json").read_text())
+    assert [(r["context"], r["temperature"]) for r in report["rows"]] == [(40, 0.0), (64, 0.0), (40, 1.0), (64, 1.0)]
+    for row in report["rows"]:
+        for name in ("a", "b"):
+            assert row[name]["tau"] >= 1.0 and row[name]["tokens_per_s"] > 0
+            if row["temperature"] == 0:
+                assert row[name]["first_divergence"] == [None, None]  # float32 on the CPU: exactly plain greedy
+    assert "| 40 | 0.0 |" in (tmp_path / "bench_drafts.md").read_text()
