@@ -82,7 +82,8 @@ def resolve_impl(impl: str) -> str:
     Impls: ``pallas`` (both halves Pallas kernels), ``cudnn`` (cache half: jax's cuDNN flash attention, split
     along the keys, :mod:`longspec_jax.cudnn_cache`; speculative half: Pallas), ``gpu`` (per call: ``cudnn``'s
     cache half for many query rows in half precision, ``pallas`` otherwise), ``xla`` (blockwise jnp),
-    ``naive`` (one dense masked softmax).
+    ``naive`` (one dense masked softmax). How the Pallas kernels are lowered (Triton on a GPU, interpret mode
+    elsewhere) is a separate choice that :func:`pallas.backend.resolve_backend` makes from the device.
     """
     if impl not in IMPLS:
         raise ValueError(f"unknown attention impl {impl!r}; choose one of {', '.join(IMPLS)}")

@@ -25,7 +25,7 @@ from longspec_jax import Draft, Target, WeightsError, load_draft, load_target, s
 from longspec_jax.config import TargetConfig
 from longspec_jax.draft_io import PTH_NAME, draft_state_dict, hf_config_from_target_config
 from longspec_jax.safetensors_io import SafetensorsFile, save_file
-from tests.test_draft_parity import TOL, jax_full_logits, random_draft, random_inputs, target_config
+from tests.test_draft import TOL, jax_full_logits, random_draft, random_inputs, target_config
 from tests.torch_reference_draft import draft_class, draft_logits, hf_config_object
 from train import checkpointing
 from train.export import main as export_main

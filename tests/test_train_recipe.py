@@ -13,7 +13,7 @@ from longspec_jax import load_target
 from longspec_jax.target import causal_forward
 from pallas.reference import masked_attention_reference
 from tests.conftest import build_hf_model, save_hf_model
-from tests.test_draft_parity import WINDOW, random_draft, random_inputs, target_config, torch_draft
+from tests.test_draft import WINDOW, random_draft, random_inputs, target_config, torch_draft
 from tests.torch_reference_draft import draft_logits
 from train.config import AnchorSection
 from train.recipe import anchor_offset_positions, draft_train_hidden, noise_shifts, shifted_cross_attention

@@ -65,9 +65,9 @@ def run(config: TrainConfig) -> list[dict]:
     train_rows, eval_rows = load_rows(config, target_config)
     init_distributed()
     mesh = make_mesh(config.mesh)
-    rows_per_device = config.train.batch_size // config.train.grad_accum
-    if rows_per_device % mesh.size:
-        raise ConfigError(f"train.batch_size / train.grad_accum = {rows_per_device} rows per micro-batch do not "
+    micro_rows = config.train.batch_size // config.train.grad_accum
+    if micro_rows % mesh.size:
+        raise ConfigError(f"train.batch_size / train.grad_accum = {micro_rows} rows per micro-batch do not "
                           f"divide over the {mesh.size} devices")
     target = load_target(config.target.path, dtype=DTYPES[config.target.dtype], load_tokenizer=False)
 
@@ -93,11 +93,11 @@ def run(config: TrainConfig) -> list[dict]:
                       config.train.grad_accum, start)
     evaluate = None
     if eval_rows is not None:
-        if len(eval_rows) < rows_per_device:
-            raise ConfigError(f"data.eval gives {len(eval_rows)} rows; an evaluation batch needs {rows_per_device}")
+        if len(eval_rows) < micro_rows:
+            raise ConfigError(f"data.eval gives {len(eval_rows)} rows; an evaluation batch needs {micro_rows}")
         eval_fn = jax.jit(lambda p, t, b: eval_counts(settings, p, t, b, EVAL_DEPTH), out_shardings=replicated(mesh))
-        evaluate = functools.partial(_evaluate, eval_fn, eval_rows, max(config.data.eval_rows, rows_per_device),
-                                     rows_per_device, mesh)
+        evaluate = functools.partial(_evaluate, eval_fn, eval_rows, max(config.data.eval_rows, micro_rows),
+                                     micro_rows, mesh)
     logged: list[dict] = []
     tokens_per_step = config.train.batch_size * config.data.seq_len
     try:
