@@ -13,13 +13,14 @@ import difflib
 import os
 from typing import Any
 
+import jax.numpy as jnp
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
 
 from longspec_jax.errors import ConfigError
 
 DATA_FORMATS = ("text", "prompt_answer")
-DTYPES = ("bfloat16", "float16", "float32")
+DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}  # config name -> dtype
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
 
 
@@ -207,8 +208,8 @@ def validate(c: TrainConfig) -> None:
     if c.draft.init and not os.path.exists(c.draft.init):
         raise ConfigError(f"draft.init: not found: {c.draft.init}")
     _choice("data.format", c.data.format, DATA_FORMATS)
-    _choice("target.dtype", c.target.dtype, DTYPES)
-    _choice("train.compute_dtype", c.train.compute_dtype, DTYPES)
+    _choice("target.dtype", c.target.dtype, tuple(DTYPES))
+    _choice("train.compute_dtype", c.train.compute_dtype, tuple(DTYPES))
     for key, value, low in (("data.seq_len", c.data.seq_len, 2), ("train.steps", c.train.steps, 1),
                             ("train.batch_size", c.train.batch_size, 1), ("train.grad_accum", c.train.grad_accum, 1),
                             ("train.log_every", c.train.log_every, 1), ("checkpoint.every", c.checkpoint.every, 1),

@@ -27,14 +27,13 @@ from longspec_jax.config import TargetConfig
 from longspec_jax.draft import DraftConfig, init_draft
 from longspec_jax.errors import ConfigError
 from train.checkpointing import Checkpointer, checkpoint_metadata, latest_step, restore_checkpoint
-from train.config import TrainConfig, config_to_dict, load_config
+from train.config import DTYPES, TrainConfig, config_to_dict, load_config
 from train.data import BatchOrder, Batches, TokenRows, load_rows
 from train.flops import device_peak_flops, train_flops_per_token
 from train.metrics import MetricsLog
 from train.sharding import init_distributed, jit_train_step, make_mesh, put_batch, replicated, tree_shardings
 from train.step import StepSettings, TrainState, eval_counts, eval_summary, init_state, make_optimizer
 
-DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
 # Config sections that must match when a run resumes from a checkpoint (the rest may change between attempts).
 RESUME_KEYS = ("target", "data.train", "data.format", "data.seq_len", "data.pack", "draft", "anchor", "noise",
                "loss", "train.steps", "train.batch_size", "train.grad_accum", "train.seed", "train.compute_dtype",
