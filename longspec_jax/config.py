@@ -5,12 +5,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import reprlib
+import sys
 from typing import Any
 
 from longspec_jax.errors import ConfigError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+_REQUIRED = object()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,42 +71,50 @@ class TargetConfig:
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> "TargetConfig":
         """Builds a config from the dict of an HF ``config.json`` (transformers 4.x or 5.x layout)."""
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"config is a JSON {type(cfg).__name__}, not an object")
         model_type = cfg.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ConfigError(
-                f"unknown model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+                f"unknown model_type {reprlib.repr(model_type)}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
         missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                               "num_attention_heads") if k not in cfg]
+                               "num_attention_heads") if cfg.get(k) is None]
         if missing:
-            raise ConfigError(f"config.json is missing required field(s): {', '.join(missing)}")
-        if model_type == "qwen2" and cfg.get("use_sliding_window", False):
+            raise ConfigError(f"missing required field(s): {', '.join(missing)}")
+        if model_type == "qwen2" and _bool_field(cfg, "use_sliding_window", False):
             raise ConfigError("Qwen2 with use_sliding_window=true is not supported")
-        num_heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
-        head_dim = cfg.get("head_dim") or hidden // num_heads
+        num_heads = _int_field(cfg, "num_attention_heads")
+        hidden = _int_field(cfg, "hidden_size")
+        head_dim = _int_field(cfg, "head_dim", default=None)
+        if head_dim is None:
+            if hidden % num_heads:
+                raise ConfigError(f"hidden_size ({hidden}) must be a multiple of num_attention_heads ({num_heads}) "
+                                  f"when head_dim is not given")
+            head_dim = hidden // num_heads
         if model_type == "qwen2":
             qkv_bias, o_bias, mlp_bias = True, False, False
         else:
-            qkv_bias = o_bias = bool(cfg.get("attention_bias", False))
-            mlp_bias = bool(cfg.get("mlp_bias", False))
+            qkv_bias = o_bias = _bool_field(cfg, "attention_bias", False)
+            mlp_bias = _bool_field(cfg, "mlp_bias", False)
+        pad = cfg.get("pad_token_id")
         return cls(
             model_type=model_type,
-            vocab_size=int(cfg["vocab_size"]),
+            vocab_size=_int_field(cfg, "vocab_size"),
             hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
+            intermediate_size=_int_field(cfg, "intermediate_size"),
+            num_layers=_int_field(cfg, "num_hidden_layers"),
             num_heads=num_heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
-            head_dim=int(head_dim),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            num_kv_heads=_int_field(cfg, "num_key_value_heads", default=num_heads),
+            head_dim=head_dim,
+            rms_norm_eps=_float_field(cfg, "rms_norm_eps", 1e-6),
             rope=_rope_from_hf(cfg),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            max_position_embeddings=_int_field(cfg, "max_position_embeddings", default=4096),
+            tie_word_embeddings=_bool_field(cfg, "tie_word_embeddings", False),
             qkv_bias=qkv_bias,
             o_bias=o_bias,
             mlp_bias=mlp_bias,
             eos_token_ids=_as_id_tuple(cfg.get("eos_token_id")),
-            pad_token_id=cfg.get("pad_token_id") if isinstance(cfg.get("pad_token_id"), int) else None,
+            pad_token_id=pad if _is_int(pad) else None,
         )
 
     @classmethod
@@ -115,45 +126,101 @@ class TargetConfig:
             raise ConfigError(f"model directory not found: {path}")
         if not os.path.isfile(cfg_path):
             raise ConfigError(f"missing config.json in {path}")
-        try:
-            with open(cfg_path) as f:
-                cfg = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{cfg_path} is not valid JSON: {e}") from None
+        cfg = read_json_object(cfg_path)
         gen_path = os.path.join(path, "generation_config.json")
         if os.path.isfile(gen_path):
-            with open(gen_path) as f:
-                gen = json.load(f)
+            gen = read_json_object(gen_path)
             if gen.get("eos_token_id") is not None:
+                try:
+                    _as_id_tuple(gen["eos_token_id"])
+                except ConfigError as e:
+                    raise ConfigError(f"{gen_path}: {e}") from None
                 cfg = {**cfg, "eos_token_id": gen["eos_token_id"]}
-        return cls.from_hf_dict(cfg)
+        try:
+            return cls.from_hf_dict(cfg)
+        except ConfigError as e:
+            raise ConfigError(f"{cfg_path}: {e}") from None
+
+
+def read_json_object(path: str, error: type[ValueError] = ConfigError) -> dict:
+    """The JSON object in the file ``path``; anything else (unreadable, not JSON, not an object) raises
+    ``error`` naming the file."""
+    try:
+        with open(path, "rb") as f:
+            value = json.load(f)
+    except OSError as e:
+        raise error(f"cannot read {path}: {e}") from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise error(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise error(f"{path}: expected a JSON object, found a {type(value).__name__}")
+    return value
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_field(cfg: dict, key: str, default: Any = _REQUIRED, *, section: str = "") -> Any:
+    """``cfg[key]`` as a positive int (``default`` when absent or null); names the field when it is not one."""
+    value = cfg.get(key)
+    if value is None and default is not _REQUIRED:
+        return default
+    if not _is_int(value) or value <= 0:
+        raise ConfigError(f"config field {section}{key} must be a positive integer, got {reprlib.repr(value)}")
+    return value
+
+
+def _float_field(cfg: dict, key: str, default: float, *, section: str = "") -> float:
+    """``cfg[key]`` as a positive finite float (``default`` when absent or null)."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= sys.float_info.max:
+        raise ConfigError(f"config field {section}{key} must be a positive number, got {reprlib.repr(value)}")
+    return float(value)
+
+
+def _bool_field(cfg: dict, key: str, default: bool) -> bool:
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigError(f"config field {key} must be true or false, got {reprlib.repr(value)}")
+    return value
 
 
 def _as_id_tuple(value) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
+    ids = () if value is None else (value,) if _is_int(value) else value
+    if not isinstance(ids, (list, tuple)) or not all(_is_int(i) and i >= 0 for i in ids):
+        raise ConfigError(f"config field eos_token_id must be a token id or a list of them, got "
+                          f"{reprlib.repr(value)}")
+    return tuple(ids)
 
 
 def _rope_from_hf(cfg: dict[str, Any]) -> RopeConfig:
     """Reads rotary parameters from ``rope_parameters`` (transformers 5) or ``rope_scaling`` (4.x)."""
-    params = dict(cfg.get("rope_parameters") or {})
-    scaling = cfg.get("rope_scaling") or {}
-    params = {**scaling, **params}
-    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    for key in ("rope_parameters", "rope_scaling"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], dict):
+            raise ConfigError(f"config field {key} must be an object, got {reprlib.repr(cfg[key])}")
+    params = {**(cfg.get("rope_scaling") or {}), **(cfg.get("rope_parameters") or {})}
+    section = "rope_parameters." if cfg.get("rope_parameters") else "rope_scaling."
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ConfigError(
-            f"unsupported rope_scaling type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+        raise ConfigError(f"unsupported rope_scaling type {reprlib.repr(rope_type)}; supported: "
+                          f"{', '.join(SUPPORTED_ROPE_TYPES)}")
     defaults = RopeConfig()
-    return RopeConfig(
-        theta=float(theta),
+    rope = RopeConfig(
+        theta=(_float_field(params, "rope_theta", defaults.theta, section=section) if "rope_theta" in params
+               else _float_field(cfg, "rope_theta", defaults.theta)),
         rope_type=rope_type,
-        factor=float(params.get("factor", 1.0)),
-        low_freq_factor=float(params.get("low_freq_factor", defaults.low_freq_factor)),
-        high_freq_factor=float(params.get("high_freq_factor", defaults.high_freq_factor)),
-        original_max_position_embeddings=int(params.get(
-            "original_max_position_embeddings", defaults.original_max_position_embeddings)),
+        factor=_float_field(params, "factor", defaults.factor, section=section),
+        low_freq_factor=_float_field(params, "low_freq_factor", defaults.low_freq_factor, section=section),
+        high_freq_factor=_float_field(params, "high_freq_factor", defaults.high_freq_factor, section=section),
+        original_max_position_embeddings=_int_field(params, "original_max_position_embeddings",
+                                                    defaults.original_max_position_embeddings, section=section),
     )
+    if rope.rope_type == "llama3" and rope.high_freq_factor <= rope.low_freq_factor:
+        raise ConfigError(f"llama3 rope scaling needs {section}high_freq_factor ({rope.high_freq_factor}) > "
+                          f"low_freq_factor ({rope.low_freq_factor})")
+    return rope

@@ -17,13 +17,14 @@ import copy
 import dataclasses
 import json
 import os
+import reprlib
 from collections import OrderedDict
 from typing import Any, Mapping
 
 import ml_dtypes
 import numpy as np
 
-from longspec_jax.config import RopeConfig, TargetConfig
+from longspec_jax.config import RopeConfig, TargetConfig, read_json_object
 from longspec_jax.draft import DEFAULT_WINDOW, Draft, DraftConfig
 from longspec_jax.errors import ConfigError, WeightsError
 from longspec_jax.safetensors_io import INDEX_NAME, SafetensorsDir, SafetensorsFile, save_file
@@ -36,9 +37,11 @@ FORMATS = ("hf", "pth")
 EXPORT_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
                  "float16": np.dtype(np.float16)}
 
-# config.json fields that fix the draft's parameter shapes: (HF name, TargetConfig attribute).
-_WIDTH_FIELDS = (("hidden_size", "hidden_size"), ("num_attention_heads", "num_heads"),
-                 ("num_key_value_heads", "num_kv_heads"), ("intermediate_size", "intermediate_size"))
+# config.json fields that must equal the target's: (HF name, TargetConfig attribute). The widths fix the draft's
+# parameter shapes; the vocabulary is the target's LM head the draft was trained through.
+_TARGET_FIELDS = (("hidden_size", "hidden_size"), ("num_attention_heads", "num_heads"),
+                  ("num_key_value_heads", "num_kv_heads"), ("head_dim", "head_dim"),
+                  ("intermediate_size", "intermediate_size"), ("vocab_size", "vocab_size"))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -76,7 +79,7 @@ def _open_weights(path: str, target_config: TargetConfig):
     if os.path.isdir(path):
         cfg_path = os.path.join(path, CONFIG_NAME)
         if os.path.isfile(cfg_path):
-            check_draft_config(_read_json(cfg_path), target_config, where=cfg_path)
+            check_draft_config(read_json_object(cfg_path), target_config, where=cfg_path)
         names = os.listdir(path)
         if INDEX_NAME in names or any(n.endswith(".safetensors") for n in names):
             return SafetensorsDir(path)
@@ -91,25 +94,17 @@ def _open_weights(path: str, target_config: TargetConfig):
     raise WeightsError(f"draft checkpoint not found: {path}")
 
 
-def _read_json(path: str) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path} is not a readable JSON config: {e}") from None
-
-
 def check_draft_config(cfg: Mapping[str, Any], target_config: TargetConfig, where: str) -> None:
-    """Raises a :class:`WeightsError` naming each width in which a draft's ``config.json`` differs from the
-    target (a draft trained for another target)."""
+    """Raises a :class:`WeightsError` naming each width (or the vocabulary size) in which a draft's
+    ``config.json`` differs from the target (a draft trained for another target)."""
     problems = []
-    for hf_name, attr in _WIDTH_FIELDS:
+    for hf_name, attr in _TARGET_FIELDS:
         have = cfg.get(hf_name)
         if hf_name == "num_key_value_heads" and have is None:
             have = cfg.get("num_attention_heads")
         want = getattr(target_config, attr)
         if have is not None and have != want:
-            problems.append(f"{hf_name}={have} (target: {want})")
+            problems.append(f"{hf_name}={reprlib.repr(have)} (target: {want})")
     if problems:
         raise WeightsError(f"{where}: the draft was built for another target: " + ", ".join(problems))
 
