@@ -77,14 +77,28 @@ def plan_shapes(max_prompt: int, max_new_tokens: int, slack: int, prefill_chunk:
     return padded, chunk, out_len, capacity
 
 
-@functools.partial(jax.jit, static_argnames=("settings", "on_tokens"))
-def _plain_jit(params, tokens, lengths, stop, key, settings, on_tokens=None):
+# XLA options of a reproducible compile: no autotuning, whose timing-based kernel choices differ between processes
+# and with them the bf16 rounding (docs/benchmarks.md, "Reproducible output", has the measurement and its cost).
+REPRODUCIBLE_OPTIONS = {"xla_gpu_autotune_level": 0}
+
+
+def _plain(params, tokens, lengths, stop, key, settings, on_tokens=None):
     return plain_generate(params, settings, tokens, lengths, stop, key, on_tokens)
 
 
-@functools.partial(jax.jit, static_argnames=("settings",))
-def _speculative_jit(target_params, weights, tokens, lengths, stop, key, settings):
+def _speculative(target_params, weights, tokens, lengths, stop, key, settings):
     return speculative_generate(settings, target_params, weights, tokens, lengths, stop, key)
+
+
+@functools.cache
+def _compiled(speculative: bool, options: tuple) -> callable:
+    """The jitted plain or speculative loop, compiled with XLA ``options`` (``(name, value)`` pairs)."""
+    fun, static = (_speculative, ("settings",)) if speculative else (_plain, ("settings", "on_tokens"))
+    return jax.jit(fun, static_argnames=static, compiler_options=dict(options) or None)
+
+
+def _options(reproducible: bool) -> tuple:
+    return tuple(sorted(REPRODUCIBLE_OPTIONS.items())) if reproducible else ()
 
 
 _stream_sinks: list = []  # the on_tokens callbacks of the generate calls in progress (innermost last)
@@ -104,7 +118,7 @@ def _replay(out: "GenerateOutput", on_tokens) -> None:
 def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, temperature: float = 0.0,
              top_p: float = 1.0, tree_shape: tuple[int, ...] = (4, 16, 16, 16, 16), eos_token_id=None,
              seed: int = 0, *, max_context: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-             attention: str = "auto", on_tokens=None) -> GenerateOutput:
+             attention: str = "auto", on_tokens=None, reproducible: bool = True) -> GenerateOutput:
     """Generates up to ``max_new_tokens`` per prompt; speculative when a ``draft`` is given.
 
     ``eos_token_id``: an id or list of ids; ``None`` uses the target's own (from its config), ``[]`` disables
@@ -115,6 +129,8 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
     ``attention``: ``auto`` (on a GPU: cuDNN cache half for verification and prefill, Pallas kernels otherwise;
     XLA elsewhere), ``gpu``, ``pallas``, ``cudnn``, ``xla`` or ``naive`` (see
     :func:`longspec_jax.attention.resolve_impl`).
+    ``reproducible``: compile with :data:`REPRODUCIBLE_OPTIONS`, so that every process gives the same tokens on
+    the same GPU model and software stack; ``False`` lets XLA autotune kernels by timing them.
     """
     config = target.config
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens <= 0:
@@ -135,7 +151,7 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
     if draft is not None:
         settings = plan_speculative(target, draft, longest, max_new_tokens, sampling, tree_shape, prefill_chunk,
                                     resolve_impl(attention))
-        out = run_speculative(settings, target, draft, prompts, max_new_tokens, stop, seed)
+        out = run_speculative(settings, target, draft, prompts, max_new_tokens, stop, seed, reproducible)
         if on_tokens is not None:
             _replay(out, on_tokens)
         return out
@@ -143,13 +159,14 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
     settings = DecodeSettings(config=config, sampling=sampling, capacity=capacity, prefill_chunk=chunk,
                               out_len=out_len, prompt_len=padded, impl=resolve_impl(attention))
     tokens, lengths = pad_prompts(prompts, padded)
+    plain_jit = _compiled(False, _options(reproducible))
     if on_tokens is None:
-        progress = _plain_jit(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings)
+        progress = plain_jit(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings)
         return to_output(progress, max_new_tokens)
     _stream_sinks.append(on_tokens)
     try:
-        progress = _plain_jit(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings,
-                                on_tokens=_stream_to_sink)
+        progress = plain_jit(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings,
+                             on_tokens=_stream_to_sink)
         out = to_output(progress, max_new_tokens)
         jax.effects_barrier()
     finally:
@@ -193,11 +210,11 @@ def plan_speculative(target, draft: Draft, longest_prompt: int, max_new_tokens: 
 
 
 def run_speculative(settings: SpecSettings, target, draft: Draft, prompts, max_new_tokens: int, stop,
-                    seed: int) -> GenerateOutput:
+                    seed: int, reproducible: bool = True) -> GenerateOutput:
     """Runs the compiled speculative loop and converts its state to a ``GenerateOutput``."""
     tokens, lengths = pad_prompts(prompts, settings.base.prompt_len)
-    state = _speculative_jit(target.params, draft.weights, tokens, lengths, stop, jax.random.PRNGKey(seed),
-                             settings=settings)
+    loop = _compiled(True, _options(reproducible))
+    state = loop(target.params, draft.weights, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings)
     out = to_output(state.progress, max_new_tokens)
     out.accept_counts = np.asarray(state.accept_counts)
     return out
