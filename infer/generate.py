@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from infer.decoding import DecodeSettings, StopCriteria
+from infer.lookup import LookupSettings, PromptLookup, lookup_generate
 from infer.plain import plain_generate
 from infer.speculative import SpecSettings, speculative_generate
 from longspec_jax.attention import resolve_impl
@@ -90,10 +91,19 @@ def _speculative(target_params, weights, tokens, lengths, stop, key, settings):
     return speculative_generate(settings, target_params, weights, tokens, lengths, stop, key)
 
 
+def _lookup(target_params, tokens, lengths, stop, key, settings):
+    return lookup_generate(settings, target_params, tokens, lengths, stop, key)
+
+
+_LOOPS = {"plain": (_plain, ("settings", "on_tokens")), "speculative": (_speculative, ("settings",)),
+          "lookup": (_lookup, ("settings",))}
+
+
 @functools.cache
-def _compiled(speculative: bool, options: tuple) -> callable:
-    """The jitted plain or speculative loop, compiled with XLA ``options`` (``(name, value)`` pairs)."""
-    fun, static = (_speculative, ("settings",)) if speculative else (_plain, ("settings", "on_tokens"))
+def _compiled(loop: str, options: tuple) -> callable:
+    """The jitted plain, speculative or prompt-lookup loop, compiled with XLA ``options`` (``(name, value)``
+    pairs)."""
+    fun, static = _LOOPS[loop]
     return jax.jit(fun, static_argnames=static, compiler_options=dict(options) or None)
 
 
@@ -119,7 +129,9 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
              top_p: float = 1.0, tree_shape: tuple[int, ...] = (4, 16, 16, 16, 16), eos_token_id=None,
              seed: int = 0, *, max_context: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
              attention: str = "auto", on_tokens=None, reproducible: bool = True) -> GenerateOutput:
-    """Generates up to ``max_new_tokens`` per prompt; speculative when a ``draft`` is given.
+    """Generates up to ``max_new_tokens`` per prompt; speculative when a ``draft`` is given: a LongSpec
+    :class:`~longspec_jax.draft.Draft` (tree of ``tree_shape``) or :class:`infer.lookup.PromptLookup` (n-gram
+    chains from prompt + output; ``tree_shape`` unused).
 
     ``eos_token_id``: an id or list of ids; ``None`` uses the target's own (from its config), ``[]`` disables
     stopping. ``max_context`` bounds prompt + new tokens (default: the target's max_position_embeddings).
@@ -148,10 +160,15 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
                          f"capacity of {max_context} tokens")
     if on_tokens is not None and not callable(on_tokens):
         raise ValueError(f"on_tokens must be callable or None, got {type(on_tokens).__name__}")
-    if draft is not None:
+    if isinstance(draft, PromptLookup):
+        settings = plan_lookup(target, draft, longest, max_new_tokens, sampling, prefill_chunk,
+                               resolve_impl(attention))
+        out = run_lookup(settings, target, prompts, max_new_tokens, stop, seed, reproducible)
+    elif draft is not None:
         settings = plan_speculative(target, draft, longest, max_new_tokens, sampling, tree_shape, prefill_chunk,
                                     resolve_impl(attention))
         out = run_speculative(settings, target, draft, prompts, max_new_tokens, stop, seed, reproducible)
+    if draft is not None:
         if on_tokens is not None:
             _replay(out, on_tokens)
         return out
@@ -159,7 +176,7 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
     settings = DecodeSettings(config=config, sampling=sampling, capacity=capacity, prefill_chunk=chunk,
                               out_len=out_len, prompt_len=padded, impl=resolve_impl(attention))
     tokens, lengths = pad_prompts(prompts, padded)
-    plain_jit = _compiled(False, _options(reproducible))
+    plain_jit = _compiled("plain", _options(reproducible))
     if on_tokens is None:
         progress = plain_jit(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings)
         return to_output(progress, max_new_tokens)
@@ -193,7 +210,8 @@ def plan_speculative(target, draft: Draft, longest_prompt: int, max_new_tokens: 
                      prefill_chunk: int, impl: str) -> SpecSettings:
     """Checks that the draft fits the target and plans the static shapes of one speculative generate call."""
     if not isinstance(draft, Draft):
-        raise ValueError(f"draft must be a longspec_jax Draft (see load_draft), got {type(draft).__name__}")
+        raise ValueError(f"draft must be a longspec_jax Draft (see load_draft) or an infer.PromptLookup, "
+                         f"got {type(draft).__name__}")
     config = target.config
     dc = draft.config
     if (dc.hidden_size, dc.num_heads, dc.num_kv_heads, dc.head_dim) != (
@@ -213,8 +231,30 @@ def run_speculative(settings: SpecSettings, target, draft: Draft, prompts, max_n
                     seed: int, reproducible: bool = True) -> GenerateOutput:
     """Runs the compiled speculative loop and converts its state to a ``GenerateOutput``."""
     tokens, lengths = pad_prompts(prompts, settings.base.prompt_len)
-    loop = _compiled(True, _options(reproducible))
+    loop = _compiled("speculative", _options(reproducible))
     state = loop(target.params, draft.weights, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings)
+    out = to_output(state.progress, max_new_tokens)
+    out.accept_counts = np.asarray(state.accept_counts)
+    return out
+
+
+def plan_lookup(target, lookup: PromptLookup, longest_prompt: int, max_new_tokens: int, sampling,
+                prefill_chunk: int, impl: str) -> LookupSettings:
+    """The static shapes of one prompt-lookup generate call: a chain of ``lookup.num_tokens`` nodes."""
+    spec = TreeSpec.parse((1,) * lookup.num_tokens, target.config.vocab_size)
+    padded, chunk, out_len, capacity = plan_shapes(longest_prompt, max_new_tokens,
+                                                   spec.num_nodes + spec.max_accept, prefill_chunk)
+    base = DecodeSettings(config=target.config, sampling=sampling, capacity=capacity, prefill_chunk=chunk,
+                          out_len=out_len, prompt_len=padded, impl=impl)
+    return LookupSettings(base=base, tree=spec, lookup=lookup, history_len=padded + out_len + spec.max_accept)
+
+
+def run_lookup(settings: LookupSettings, target, prompts, max_new_tokens: int, stop, seed: int,
+               reproducible: bool = True) -> GenerateOutput:
+    """Runs the compiled prompt-lookup loop and converts its state to a ``GenerateOutput``."""
+    tokens, lengths = pad_prompts(prompts, settings.base.prompt_len)
+    loop = _compiled("lookup", _options(reproducible))
+    state = loop(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings)
     out = to_output(state.progress, max_new_tokens)
     out.accept_counts = np.asarray(state.accept_counts)
     return out
