@@ -128,7 +128,8 @@ def _replay(out: "GenerateOutput", on_tokens) -> None:
 def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, temperature: float = 0.0,
              top_p: float = 1.0, tree_shape: tuple[int, ...] = (4, 16, 16, 16, 16), eos_token_id=None,
              seed: int = 0, *, max_context: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-             attention: str = "auto", on_tokens=None, reproducible: bool = True) -> GenerateOutput:
+             attention: str = "auto", on_tokens=None, reproducible: bool = True,
+             pad_prompts_to: int | None = None) -> GenerateOutput:
     """Generates up to ``max_new_tokens`` per prompt; speculative when a ``draft`` is given: a LongSpec
     :class:`~longspec_jax.draft.Draft` (tree of ``tree_shape``) or :class:`infer.lookup.PromptLookup` (n-gram
     chains from prompt + output; ``tree_shape`` unused).
@@ -141,6 +142,8 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
     ``attention``: ``auto`` (on a GPU: cuDNN cache half for verification and prefill, Pallas kernels otherwise;
     XLA elsewhere), ``gpu``, ``pallas``, ``cudnn``, ``xla`` or ``naive`` (see
     :func:`longspec_jax.attention.resolve_impl`).
+    ``pad_prompts_to``: plan shapes as if the longest prompt had this many tokens (at least), so calls with
+    prompts of different lengths up to it share one compiled program (prefill then also runs over the padding).
     ``reproducible``: compile with :data:`REPRODUCIBLE_OPTIONS`, so that every process gives the same tokens on
     the same GPU model and software stack; ``False`` lets XLA autotune kernels by timing them.
     """
@@ -158,6 +161,10 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
     if longest + max_new_tokens > max_context:
         raise ValueError(f"prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds the context "
                          f"capacity of {max_context} tokens")
+    if pad_prompts_to is not None:
+        if isinstance(pad_prompts_to, bool) or not isinstance(pad_prompts_to, (int, np.integer)) or pad_prompts_to < 1:
+            raise ValueError(f"pad_prompts_to must be a positive integer or None, got {pad_prompts_to!r}")
+        longest = max(longest, int(pad_prompts_to))
     if on_tokens is not None and not callable(on_tokens):
         raise ValueError(f"on_tokens must be callable or None, got {type(on_tokens).__name__}")
     if isinstance(draft, PromptLookup):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -189,3 +191,20 @@ def test_on_tokens_streams_every_emitted_token_in_order(target, prompts, free_ru
     assert len(again) == len(steps)
     with pytest.raises(ValueError, match="on_tokens"):
         generate(target, prompts, max_new_tokens=4, on_tokens=42)
+
+
+def test_pad_prompts_to_shares_one_program_and_keeps_the_tokens():
+    from infer.bench.tiny import random_draft, tiny_target
+
+    target, draft = tiny_target(0), random_draft(1)
+    for d in (None, draft):
+        plain = generate(target, [[1, 2, 3, 4, 5]], draft=d, max_new_tokens=6, eos_token_id=[])
+        padded = generate(target, [[1, 2, 3, 4, 5]], draft=d, max_new_tokens=6, eos_token_id=[], pad_prompts_to=40)
+        np.testing.assert_array_equal(padded.tokens, plain.tokens)
+    plain_jit = importlib.import_module("infer.generate")._compiled("plain", ())
+    before = plain_jit._cache_size()
+    for prompt in ([1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12]):  # two lengths, one padded shape
+        generate(target, [prompt], max_new_tokens=6, eos_token_id=[], pad_prompts_to=40, reproducible=False)
+    assert plain_jit._cache_size() == before + 1
+    with pytest.raises(ValueError, match="pad_prompts_to must be a positive integer"):
+        generate(target, [[1]], max_new_tokens=2, pad_prompts_to=0)
