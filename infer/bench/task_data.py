@@ -48,12 +48,21 @@ class Sample:
         return bucket_name(self.length)
 
 
-def bucket_name(length: int) -> str | None:
-    """``"2-4k"`` ... ``"16-32k"`` for a prompt of ``length`` tokens in ``(lo, hi]``, else None."""
-    for lo, hi in BUCKETS:
+def bucket_name(length: int, buckets=BUCKETS) -> str | None:
+    """``"2-4k"`` ... ``"16-32k"`` for a prompt of ``length`` tokens in ``(lo, hi]``, else None (buckets under
+    1024 tokens are named in tokens: ``"16-32"``)."""
+    for lo, hi in buckets:
         if lo < length <= hi:
-            return f"{lo // 1024}-{hi // 1024}k"
+            return f"{lo // 1024}-{hi // 1024}k" if lo >= 1024 else f"{lo}-{hi}"
     return None
+
+
+def bucket_bounds(name: str, buckets=BUCKETS) -> tuple[int, int]:
+    """The ``(lo, hi)`` of a bucket name."""
+    for lo, hi in buckets:
+        if bucket_name(hi, buckets) == name:
+            return lo, hi
+    raise ValueError(f"unknown bucket {name!r}; known: {[bucket_name(hi, buckets) for _, hi in buckets]}")
 
 
 def chat_prompt(tokenizer, user: str, assistant_prefix: str = "") -> str:

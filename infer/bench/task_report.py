@@ -1,0 +1,99 @@
+"""Results of the tasks benchmark: one row per (task, bucket, temperature, batch, method) from the runs of its
+sample batches, the markdown table, and the plots (tokens/s and tau against context length per method; the
+acceptance-length histogram).
+
+Conventions (reference.md 5.3): tau = tokens generated / (rounds + 1); decode tokens/s = (tokens generated -
+one per sequence) / (generation time - prefill time), summed over the batches; speedup against plain decoding of
+the same samples in the same run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from infer.bench.harness import md_header, md_row
+from infer.bench.near_tie import first_divergence
+
+
+def summarize_runs(runs: list[dict]) -> dict:
+    """Totals of one method over its batches; each run: ``generated`` [B], ``rounds`` [B] or None, ``total_s``,
+    ``prefill_s``, optional ``accept_counts`` [B, A]."""
+    generated = sum(int(np.sum(r["generated"])) for r in runs)
+    known = all(r["rounds"] is not None for r in runs)  # HF does not report its rounds
+    rounds = sum(int(np.sum(r["rounds"])) for r in runs) if known else None
+    sequences = sum(len(r["generated"]) for r in runs)
+    decode_s = sum(r["total_s"] - r["prefill_s"] for r in runs)
+    row = dict(sequences=sequences, generated=generated, rounds=rounds,
+               tau=generated / (rounds + sequences) if known else float("nan"),
+               decode_s=decode_s, prefill_s=sum(r["prefill_s"] for r in runs),
+               tokens_per_s=(generated - sequences) / decode_s if decode_s > 0 else float("nan"))
+    counts = [np.sum(r["accept_counts"], axis=0) for r in runs if r.get("accept_counts") is not None]
+    if counts:
+        row["accept_counts"] = np.sum(counts, axis=0).tolist()
+    return row
+
+
+def divergences(outputs: list[list[int]], reference: list[list[int]]) -> list[int | None]:
+    """First position where each output leaves the reference (plain) output, None where equal."""
+    return [first_divergence(o, r) for o, r in zip(outputs, reference)]
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = md_header(["task", "bucket", "T", "batch", "method", "tau", "tok/s", "speedup", "prefill s",
+                       "peak GiB", "repeated 4-grams", "T=0 equal to plain"])
+    for r in rows:
+        equal = "" if r.get("first_divergence") is None else \
+            f"{sum(f is None for f in r['first_divergence'])}/{len(r['first_divergence'])}"
+        peak = "" if r.get("peak_bytes") is None else f"{r['peak_bytes'] / 2**30:.1f}"
+        lines.append(md_row([r["task"], r["bucket"], r["temperature"], r["batch"], r["method"], f"{r['tau']:.2f}",
+                             f"{r['tokens_per_s']:.1f}", f"{r.get('speedup', float('nan')):.2f}x",
+                             f"{r['prefill_s']:.2f}", peak,
+                             "" if "repeat_4gram_share" not in r else f"{r['repeat_4gram_share']:.2f}",
+                             equal]))
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], out_dir: str, bucket_order: list[str]) -> list[str]:
+    """``tasks_speed.png`` (tokens/s and tau against bucket per method, one panel pair per temperature, batch 1
+    or the smallest batch) and ``tasks_accept_hist.png`` (share of rounds by tokens emitted, per method)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batch = min(r["batch"] for r in rows)
+    temps = sorted({r["temperature"] for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, axes = plt.subplots(2, len(temps), figsize=(6 * len(temps), 8), squeeze=False)
+    for col, t in enumerate(temps):
+        for method in methods:
+            picked = [r for r in rows if r["temperature"] == t and r["batch"] == batch and r["method"] == method]
+            xs = [b for b in bucket_order if any(r["bucket"] == b for r in picked)]
+            for ax, key in ((axes[0, col], "tokens_per_s"), (axes[1, col], "tau")):
+                ys = [np.mean([r[key] for r in picked if r["bucket"] == b]) for b in xs]
+                ax.plot(xs, ys, marker="o", label=method)
+        axes[0, col].set_title(f"T={t}, batch {batch}: decode tokens/s")
+        axes[1, col].set_title(f"T={t}, batch {batch}: tau")
+        axes[1, col].set_xlabel("prompt length")
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    paths = [os.path.join(out_dir, "tasks_speed.png")]
+    fig.savefig(paths[0], dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    hist_methods = [m for m in methods if any(r.get("accept_counts") for r in rows if r["method"] == m)]
+    width = 0.8 / max(len(hist_methods), 1)
+    for i, method in enumerate(hist_methods):
+        counts = np.sum([r["accept_counts"] for r in rows if r["method"] == method and r.get("accept_counts")],
+                        axis=0)
+        ax.bar(np.arange(1, len(counts) + 1) + i * width, counts / counts.sum(), width, label=method)
+    ax.set_xlabel("tokens emitted per round")
+    ax.set_ylabel("share of rounds")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, "tasks_accept_hist.png"))
+    fig.savefig(paths[1], dpi=100)
+    plt.close(fig)
+    return paths

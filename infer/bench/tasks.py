@@ -1,0 +1,241 @@
+"""Long-context tasks: every method on the same samples in one run, by task, length bucket, temperature and batch.
+
+    python -m infer.bench tasks --out DIR --target DIR --drafts ours=DIR,ref=DIR --repo-docs corpus/dev.jsonl
+    python -m infer.bench tasks ... --longbench DIR --tasks gov_report,qmsum,lcc   # DIR/{task}.jsonl, yours
+    python -m infer.bench tasks ... --reasoning FILE.jsonl                        # {"prompt", "answer"} rows
+    python -m infer.bench tasks --out DIR --smoke                                 # tiny random pair on the CPU
+
+Samples: the built-in repo-level completion task (``--repo-docs``: a corpus split's repositories, cut after a
+``def``), LongBench-format tasks with the reference's templates, long-reasoning prompts; kept when
+``1200 < length <= --max-tokens`` and in ``--buckets``, at most ``--per-bucket`` per (task, bucket). Each bucket
+compiles once per method and batch size (prompts padded to the bucket's top, so prefill covers it).
+
+Methods (``--methods``; plain first, the baseline of every speedup): ``plain``; ``tree`` (each draft of
+``--drafts`` with each shape of ``--tree-shapes``); ``chain`` (each draft, ``--chain``); ``pld`` (prompt lookup on
+our verify path, ``--pld-tokens``); ``hf`` and ``hf_pld`` (Hugging Face ``generate`` in PyTorch on the target's
+directory, plain and with ``prompt_lookup_num_tokens``; batch 1 only). Times exclude prefill (generation minus the
+same call with one new token). At T=0 each output is compared with plain's (first divergence; bf16 paths may part
+at near-ties, architecture.md section 7).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import time
+
+import jax
+import numpy as np
+
+from infer.bench.drafts import repeat_4gram_share
+from infer.bench.harness import arg_parser, log, write_report
+from infer.bench.task_data import (Sample, bucket_bounds, bucket_name, load_longbench, load_reasoning,
+                                   repo_completion, select)
+from infer.bench.task_report import divergences, markdown, plot, summarize_runs
+from infer.generate import generate
+from infer.lookup import PromptLookup
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    name: str
+    draft: str | None = None            # a name of --drafts
+    tree: tuple[int, ...] | None = None
+    lookup: PromptLookup | None = None
+    hf_lookup: int | None = None        # HF methods: prompt_lookup_num_tokens (0: plain)
+
+
+def parse_methods(names: list[str], drafts: list[str], shapes: list[tuple], chain: tuple, pld_tokens: int):
+    if names[0] != "plain":
+        raise ValueError("--methods must start with plain (the baseline of every speedup)")
+    methods = []
+    for name in names:
+        if name == "plain":
+            methods.append(Method("plain"))
+        elif name == "tree":
+            methods += [Method(f"tree[{d}]{','.join(map(str, s))}", draft=d, tree=s) for d in drafts for s in shapes]
+        elif name == "chain":
+            methods += [Method(f"chain[{d}]{len(chain)}", draft=d, tree=chain) for d in drafts]
+        elif name == "pld":
+            methods.append(Method(f"pld{pld_tokens}", lookup=PromptLookup(num_tokens=pld_tokens)))
+        elif name in ("hf", "hf_pld"):
+            methods.append(Method(name, hf_lookup=pld_tokens if name == "hf_pld" else 0))
+        else:
+            raise ValueError(f"unknown method {name!r}; choose from plain, tree, chain, pld, hf, hf_pld")
+    return methods
+
+
+def peak_bytes() -> int | None:
+    """The process's peak device memory so far (GPU), or None where JAX does not report it."""
+    stats = jax.local_devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use")
+
+
+class Runner:
+    """Runs one method on one batch of samples, compiling (untimed) the first time a shape comes up."""
+
+    def __init__(self, target, drafts: dict, hf, args):
+        self.target, self.drafts, self.hf, self.args, self.warm = target, drafts, hf, args, set()
+
+    def _median(self, call):
+        return _median_call(call, self.args.reps)
+
+    def __call__(self, method: Method, batch: list[Sample], temperature: float, pad_to: int) -> dict:
+        a = self.args
+        eos = [] if a.ignore_eos else None
+        key = (method, len(batch), temperature, pad_to)
+        warm, _ = key in self.warm, self.warm.add(key)
+        if method.hf_lookup is not None:
+            eos_ids = [] if a.ignore_eos else list(self.target.config.eos_token_ids)
+            return self.hf.run(batch[0].tokens, a.new_tokens, temperature, method.hf_lookup, a.seed, eos_ids, warm)
+        draft = self.drafts[method.draft] if method.draft else method.lookup
+        kwargs = dict(draft=draft, temperature=temperature, eos_token_id=eos, seed=a.seed, pad_prompts_to=pad_to,
+                      **({"tree_shape": method.tree} if method.tree else {}))
+        prompts = [s.tokens for s in batch]
+        if not warm:
+            generate(self.target, prompts, max_new_tokens=1, **kwargs)
+            generate(self.target, prompts, max_new_tokens=a.new_tokens, **kwargs)
+        prefill_s, _ = self._median(lambda: generate(self.target, prompts, max_new_tokens=1, **kwargs))
+        total_s, out = self._median(lambda: generate(self.target, prompts, max_new_tokens=a.new_tokens, **kwargs))
+        return dict(generated=out.num_generated.tolist(), rounds=out.num_rounds.tolist(), total_s=total_s,
+                    prefill_s=prefill_s, accept_counts=None if out.accept_counts is None else out.accept_counts.tolist(),
+                    tokens=[out.tokens[b, :n].tolist() for b, n in enumerate(out.num_generated)])
+
+
+def _median_call(call, reps: int):
+    """Median seconds of ``reps`` calls of ``call`` (which returns host data), and the last result."""
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = call()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)), out
+
+
+def gather_samples(args, tokenizer) -> list[Sample]:
+    samples = []
+    if args.repo_docs:
+        with open(args.repo_docs) as f:
+            docs = [json.loads(line) for line in f if line.strip()]
+        samples += repo_completion(docs, tokenizer, args.buckets, args.per_bucket, args.seed)
+    for task in args.tasks:
+        samples += load_longbench(os.path.join(args.longbench, f"{task}.jsonl"), task, tokenizer)
+    if args.reasoning:
+        samples += load_reasoning(args.reasoning, tokenizer)
+    return samples
+
+
+def smoke_inputs():
+    """A tiny random target and draft, and synthetic samples of repeated motifs."""
+    from infer.bench.tiny import random_draft, tiny_target
+
+    target = tiny_target(0)
+    rng = np.random.default_rng(0)
+    samples = []
+    for i, n in enumerate((24, 28, 40, 56)):
+        motif = rng.integers(0, target.config.vocab_size, 7).tolist()
+        samples.append(Sample("synthetic", str(i), "", [], (motif * 10)[:n]))
+    return target, {"a": random_draft(1)}, samples
+
+
+def run(args) -> dict:
+    if args.smoke:
+        target, drafts, samples = smoke_inputs()
+        args.max_tokens = None
+    else:
+        from jax import numpy as jnp
+
+        from longspec_jax import load_draft, load_target
+        target = load_target(args.target, dtype=jnp.bfloat16)
+        drafts = {name: load_draft(path, target) for name, path in args.drafts}
+        samples = gather_samples(args, target.tokenizer)
+        if args.max_tokens is None:
+            args.max_tokens = target.config.max_position_embeddings - 2000
+    methods = parse_methods(args.methods, list(drafts), args.tree_shapes, args.chain, args.pld_tokens)
+    hf = None
+    if any(m.hf_lookup is not None for m in methods):
+        from infer.bench.task_hf import HFRunner
+        hf = HFRunner(args.target)
+    names = [bucket_name(hi, args.buckets) for _, hi in args.buckets]
+    samples = select(samples, args.min_tokens, args.max_tokens, None, None)
+    groups: dict[tuple, list[Sample]] = {}
+    for s in samples:
+        bucket = bucket_name(s.length, args.buckets)
+        if bucket in names and len(groups.setdefault((s.task, bucket), [])) < args.per_bucket:
+            groups[(s.task, bucket)].append(s)
+    runner = Runner(target, drafts, hf, args)
+    results = dict(date=datetime.date.today().isoformat(), device=str(jax.devices()[0].device_kind),
+                   jax=jax.__version__, new_tokens=args.new_tokens, methods=[m.name for m in methods],
+                   samples={f"{t}/{b}": len(g) for (t, b), g in groups.items()}, rows=[])
+    for temperature in args.temperatures:
+        for batch_size in args.batch_sizes:
+            for (task, bucket), group in groups.items():
+                batches = [group[i:i + batch_size] for i in range(0, len(group) - batch_size + 1, batch_size)]
+                pad_to = bucket_bounds(bucket, args.buckets)[1]
+                plain = None
+                for method in methods:
+                    if not batches or (method.hf_lookup is not None and batch_size > 1):
+                        continue
+                    runs = [runner(method, b, temperature, pad_to) for b in batches]
+                    row = dict(task=task, bucket=bucket, temperature=temperature, batch=batch_size,
+                               method=method.name, **summarize_runs(runs), peak_bytes=peak_bytes())
+                    outputs = [t for r in runs for t in r["tokens"]]
+                    if plain is None:
+                        plain = dict(tps=row["tokens_per_s"], outputs=outputs)
+                        prompts = [s.tokens for b in batches for s in b]
+                        row["repeat_4gram_share"] = float(np.mean([repeat_4gram_share(p, o)
+                                                                   for p, o in zip(prompts, outputs)]))
+                    row["speedup"] = row["tokens_per_s"] / plain["tps"]
+                    if temperature == 0 and method.name != "plain":
+                        row["first_divergence"] = divergences(outputs, plain["outputs"])
+                    results["rows"].append(row)
+                    log(f"{task} {bucket} T={temperature} B={batch_size} {method.name}: tau {row['tau']:.2f}, "
+                        f"{row['tokens_per_s']:.1f} tok/s ({row['speedup']:.2f}x)")
+                    write_report(args.out, "bench_tasks", results, markdown(results["rows"]))
+    if results["rows"]:
+        results["plots"] = plot(results["rows"], args.out, names)
+    return results
+
+
+def main(argv=None) -> int:
+    p = arg_parser("tasks", __doc__, "tiny random pair and synthetic samples on the CPU")
+    p.add_argument("--target", help="HF directory of the target")
+    p.add_argument("--drafts", default="", help="name=DIR,... LongSpec drafts")
+    p.add_argument("--repo-docs", help="jsonl of repository documents (repo, text): the repo-completion task")
+    p.add_argument("--longbench", help="directory of LongBench jsonl files ({task}.jsonl)")
+    p.add_argument("--tasks", default="", help="LongBench tasks, comma-separated (with --longbench)")
+    p.add_argument("--reasoning", help="jsonl of long-reasoning prompts (prompt, answer)")
+    p.add_argument("--buckets", default="2048-4096,4096-8192,8192-16384,16384-32768", help="lo-hi,... tokens")
+    p.add_argument("--per-bucket", type=int, default=4)
+    p.add_argument("--min-tokens", type=int, default=1200)
+    p.add_argument("--max-tokens", type=int, default=None, help="default: the target's context - 2000")
+    p.add_argument("--methods", default="plain,tree,chain,pld,hf,hf_pld")
+    p.add_argument("--tree-shapes", default="4,16,16,16,16;2,8,8,8;4,8,8,8,8,8", help="shapes, ';'-separated")
+    p.add_argument("--chain", default="1,1,1,1")
+    p.add_argument("--pld-tokens", type=int, default=10)
+    p.add_argument("--batch-sizes", default="1,2,4,8")
+    p.add_argument("--temperatures", default="0,1")
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --new-tokens tokens")
+    p.add_argument("--reps", type=int, default=3, help="timed calls per measurement (median)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.smoke:  # one draft, one shape, T=0: a couple of minutes of CPU compiles
+        args.buckets, args.min_tokens, args.new_tokens, args.per_bucket = "16-64", 0, 10, 2
+        args.batch_sizes, args.temperatures, args.tree_shapes = "1,2", "0", "2,4,4"
+        args.methods = "plain,tree,chain,pld"
+    elif not (args.target and (args.repo_docs or args.tasks or args.reasoning)):
+        p.error("--target and a task source (--repo-docs, --longbench with --tasks, --reasoning) are required")
+    args.buckets = [tuple(int(x) for x in b.split("-")) for b in args.buckets.split(",")]
+    args.tasks = [t for t in args.tasks.split(",") if t]
+    args.methods = args.methods.split(",")
+    args.drafts = [tuple(item.split("=", 1)) for item in args.drafts.split(",") if item]
+    args.tree_shapes = [tuple(int(x) for x in s.split(",")) for s in args.tree_shapes.split(";")]
+    args.chain = tuple(int(x) for x in args.chain.split(","))
+    args.batch_sizes = [int(x) for x in str(args.batch_sizes).split(",")]
+    args.temperatures = [float(x) for x in args.temperatures.split(",")]
+    results = run(args)
+    print(markdown(results["rows"]))
+    return 0

@@ -1,0 +1,81 @@
+"""``python -m infer.bench tasks``: method parsing, the metric arithmetic on hand-made runs, the table and plots
+rendering, the HF baseline against our plain greedy output (a tiny HF Llama, float32 on the CPU), and a smoke
+run (slow)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from infer import generate
+from infer.bench.task_report import markdown, plot, summarize_runs
+from infer.bench.tasks import main, parse_methods
+from longspec_jax import load_target
+from tests.train_helpers import build_target_dir
+
+
+def test_methods_expand_drafts_and_shapes():
+    methods = parse_methods(["plain", "tree", "chain", "pld", "hf", "hf_pld"], ["ours", "ref"],
+                            [(4, 16), (2, 8, 8)], (1, 1, 1), 10)
+    assert [m.name for m in methods] == ["plain", "tree[ours]4,16", "tree[ours]2,8,8", "tree[ref]4,16",
+                                         "tree[ref]2,8,8", "chain[ours]3", "chain[ref]3", "pld10", "hf", "hf_pld"]
+    assert methods[-1].hf_lookup == 10 and methods[-2].hf_lookup == 0 and methods[7].lookup.num_tokens == 10
+    with pytest.raises(ValueError, match="start with plain"):
+        parse_methods(["tree", "plain"], ["a"], [(2,)], (1,), 4)
+    with pytest.raises(ValueError, match="unknown method 'medusa'"):
+        parse_methods(["plain", "medusa"], [], [], (1,), 4)
+
+
+def test_summary_arithmetic():
+    runs = [dict(generated=[10, 6], rounds=[4, 2], total_s=1.0, prefill_s=0.2, accept_counts=[[1, 2], [0, 2]]),
+            dict(generated=[8], rounds=[3], total_s=0.5, prefill_s=0.1, accept_counts=[[1, 2]])]
+    row = summarize_runs(runs)
+    assert row["generated"] == 24 and row["rounds"] == 9 and row["sequences"] == 3
+    assert row["tau"] == pytest.approx(24 / 12)                       # tokens / (rounds + 1 per sequence)
+    assert row["tokens_per_s"] == pytest.approx((24 - 3) / (0.8 + 0.4))  # after prefill's first token
+    assert row["accept_counts"] == [2, 6]
+    hf = summarize_runs([dict(generated=[5], rounds=None, total_s=1.0, prefill_s=0.5)])
+    assert math.isnan(hf["tau"]) and hf["tokens_per_s"] == pytest.approx(8.0)
+
+
+def test_table_and_plots_render(tmp_path):
+    rows = []
+    for bucket, tps in (("2-4k", 100.0), ("4-8k", 90.0)):
+        base = dict(task="t", bucket=bucket, temperature=0.0, batch=1, prefill_s=0.1, peak_bytes=2**31)
+        rows.append(dict(base, method="plain", tau=1.0, tokens_per_s=tps, speedup=1.0, repeat_4gram_share=0.5))
+        rows.append(dict(base, method="tree[a]4", tau=3.0, tokens_per_s=2 * tps, speedup=2.0,
+                         accept_counts=[1, 2, 3], first_divergence=[None, 7]))
+    table = markdown(rows)
+    assert "| t | 2-4k | 0.0 | 1 | tree[a]4 | 3.00 | 200.0 | 2.00x | 0.10 | 2.0 |  | 1/2 |" in table
+    for path in plot(rows, str(tmp_path), ["2-4k", "4-8k"]):
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_hf_baseline_matches_our_greedy_output(tmp_path):
+    from infer.bench.task_hf import HFRunner
+
+    path = build_target_dir(tmp_path / "target")
+    target = load_target(path, dtype=jnp.float32)
+    prompt = np.random.default_rng(0).integers(4, target.config.vocab_size, 40).tolist()
+    ours = generate(target, [prompt], max_new_tokens=12, eos_token_id=[]).tokens[0].tolist()
+    runner = HFRunner(str(path))
+    for lookup in (0, 4):
+        run = runner.run(prompt, 12, 0.0, lookup, seed=0, eos_ids=[], warm=False)
+        assert run["tokens"] == [ours] and run["generated"] == [12]
+        assert run["total_s"] > 0 and run["prefill_s"] > 0
+
+
+@pytest.mark.slow
+def test_smoke_run(tmp_path):
+    assert main(["--out", str(tmp_path), "--smoke", "--reps", "1"]) == 0
+    report = json.loads((tmp_path / "bench_tasks.json").read_text())
+    methods = {r["method"] for r in report["rows"]}
+    assert methods == {"plain", "tree[a]2,4,4", "chain[a]4", "pld10"}
+    assert {r["batch"] for r in report["rows"]} == {1, 2}
+    assert all(r["first_divergence"] == [None] * 2 for r in report["rows"] if r["method"] != "plain")
+    assert (tmp_path / "tasks_speed.png").exists() and (tmp_path / "tasks_accept_hist.png").exists()
