@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--prompt", metavar="TEXT", help="the prompt text")
     source.add_argument("--prompt-file", metavar="F", help="read the prompt from this file ('-' for stdin)")
     parser.add_argument("--max-new-tokens", type=_positive_int, default=64, metavar="N")
-    parser.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0 = greedy")
+    parser.add_argument("--temperature", type=_temperature, default=0.0, metavar="T",
+                        help="0 = greedy (so is any T below 1e-5, longspec_jax.sampling.MIN_TEMPERATURE)")
     parser.add_argument("--top-p", type=_top_p, default=1.0, metavar="P")
     parser.add_argument("--seed", type=int, default=0, metavar="S")
     parser.add_argument("--dtype", choices=DTYPES, default="bfloat16")

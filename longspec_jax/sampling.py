@@ -11,10 +11,16 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+# Temperatures below this are greedy, as in vLLM. At T = 1e-5 a draw differs from the argmax only where the top
+# two logits are within ~1e-4, and much smaller T breaks the float32 log-softmax of logits / T (inf / NaN: at
+# T = 1e-30 both decoders emitted token 0 forever); logits up to ~1e4 in magnitude are safe at T = 1e-5.
+MIN_TEMPERATURE = 1e-5
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
-    """Static sampling mode. ``temperature == 0`` is greedy; top-p is applied only when ``top_p < 1``."""
+    """Static sampling mode. A temperature below :data:`MIN_TEMPERATURE` (0 included) is greedy and is stored
+    as 0, so that all greedy configs are equal (one compiled program); top-p is applied only when ``top_p < 1``."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -24,6 +30,8 @@ class SamplingConfig:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.temperature < MIN_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)
 
     @property
     def greedy(self) -> bool:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
 from infer.bench import oracle
 from infer.bench.tiny import TINY, random_draft, tiny_target
 from longspec_jax.draft import Draft
 
-__all__ = ["TINY", "ORACLE_SLOTS", "tiny_target", "random_draft", "oracle_draft"]
+__all__ = ["TINY", "ORACLE_SLOTS", "tiny_target", "random_draft", "oracle_draft", "noisy_oracle_draft"]
 
 ORACLE_SLOTS = 512
 
@@ -15,3 +20,12 @@ def oracle_draft(base: Draft, prompts, continuations, wrong_every: int = 0, phas
                  vocab_size: int = TINY.vocab_size, slots: int = ORACLE_SLOTS) -> Draft:
     """:func:`infer.bench.oracle.oracle_draft` with the tiny test model's defaults."""
     return oracle.oracle_draft(base, prompts, continuations, vocab_size, slots, wrong_every, phase)
+
+
+def noisy_oracle_draft(base: Draft, prompts, continuations, wrong_rate: float, seed: int,
+                       vocab_size: int = TINY.vocab_size, slots: int = ORACLE_SLOTS) -> Draft:
+    """:func:`oracle_draft` left unsteered (``base``'s own logits) at random positions, each with probability
+    ``wrong_rate``: 0 is the perfect oracle, 1 is ``base`` itself, and every rate runs one compiled program."""
+    draft = oracle_draft(base, prompts, continuations, vocab_size=vocab_size, slots=slots)
+    unsteered = np.random.default_rng(seed).random(draft.hook_data.shape) < wrong_rate
+    return dataclasses.replace(draft, hook_data=jnp.where(unsteered, -1, draft.hook_data))  # one_hot(-1) = 0

@@ -3,8 +3,9 @@ test-only PyTorch draft layer written from reference.md section 1 (tests/torch_r
 
 Random weights (biases and norm weights too), float32, GQA and MHA, default / linear / llama3 RoPE, sequences
 longer than a small window so that the window matters, and cross-attention gaps 1 (inference) and 3 (noisy
-training). The second test runs the real ``draft_prefill`` + ``draft_root`` (ring cache that wraps around) and
-compares the root distribution with the torch layer run over the whole sequence.
+training). The last test runs the real ``draft_prefill`` + ``draft_root`` (ring cache that wraps around) +
+``build_tree`` and compares the draft's distribution after the root and after every tree node it ran on with
+the torch layer run over the whole sequence up to that node.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from longspec_jax.draft import Draft, DraftConfig, DraftLayer, draft_prefill, dr
 from longspec_jax.draft_io import draft_state_dict, hf_config_from_target_config
 from longspec_jax.kv_cache import RingCache, init_cache
 from longspec_jax.target import Target, forward, init_target_params
+from longspec_jax.tree import TreeSpec, build_tree
 from tests.torch_reference_draft import draft_class, draft_logits, hf_config_object
 
 TOL = 1e-4
@@ -169,15 +171,46 @@ def test_window_and_gap_matter():
     assert np.abs(ours[:, 1:] - gap2[:, 1:]).max() > 1e-2
 
 
+def _node_path(parents, node: int) -> list[int]:
+    """The nodes from the root's child down to ``node``."""
+    path = []
+    while node:
+        path.append(node)
+        node = int(parents[node])
+    return path[::-1]
+
+
+def _assert_levels_are_top_c(spec: TreeSpec, tokens, parents, logp_ref: dict[int, np.ndarray]) -> None:
+    """Each level holds the top-c (parent, token) pairs of the level above by cumulative reference log-prob."""
+    def nodes(level: int) -> range:  # level 0: the root
+        return range(spec.offsets[level - 1] if level else 0, spec.offsets[level])
+
+    score = {0: 0.0}
+    for level in range(1, spec.depth + 1):
+        above = list(nodes(level - 1))
+        candidates = np.stack([score[p] + logp_ref[p] for p in above])  # [parents, V]
+        chosen = np.zeros_like(candidates, bool)
+        for node in nodes(level):
+            p = above.index(int(parents[node]))
+            chosen[p, tokens[node]] = True
+            score[node] = candidates[p, tokens[node]]
+        assert chosen.sum() == spec.shape[level - 1]  # distinct pairs
+        assert candidates[chosen].min() >= candidates[~chosen].max() - 2 * level * TOL, f"level {level}"
+
+
 @pytest.mark.parametrize("name", ["llama-gqa-llama3", "qwen2-mqa"])
-def test_prefill_and_root_match_torch_full_sequence(name):
-    """draft_prefill fills the ring from the prompt; draft_root adds the pending tokens and returns the root's
-    distribution. It must equal the torch layer's last-position distribution over the whole sequence, with the
-    target's last-layer K/V of positions <= root - 1. Sequences exceed the 128-slot ring, so it wraps."""
+def test_prefill_root_and_tree_levels_match_torch(name):
+    """draft_prefill fills the ring from the prompt, draft_root adds the pending tokens, build_tree runs the
+    draft on each tree level at once (ring + the tree's own K/V under the ancestor mask). The log-probs after the
+    root and after every node the draft ran on must equal the torch layer's last-position distribution over the
+    whole sequence up to that node (committed tokens, root, the node's ancestors), with the target's last-layer
+    K/V of positions <= root - 1; and each level must be the top-c of cumulative torch log-probs. A random draft,
+    not an oracle, so every log-prob counts; sequences exceed the 128-slot ring, so it wraps."""
     config = target_config(name, vocab_size=160)
     target = Target(config=config, params=init_target_params(config, jax.random.PRNGKey(0), std=0.2))
     draft = random_draft(config, seed=5)
     dc = draft.config
+    spec = TreeSpec.parse((3, 5, 4), config.vocab_size)
     lengths = np.array([150, 97])            # whole sequences; the last token is the root
     num_pending = np.array([3, 1])
     B, A = len(lengths), 6
@@ -200,11 +233,13 @@ def test_prefill_and_root_match_torch_full_sequence(name):
         _, cache = forward(target_params, config, tokens[:, :-1], positions, cache, causal, impl="xla")
         cache = cache.replace(lengths=jnp.asarray(lengths - 1, jnp.int32))
         ring = draft_prefill(ds, weights, target_params, tokens, jnp.asarray(committed))
-        logp_root, _ = draft_root(ds, weights, target_params, cache, ring, jnp.asarray(pending),
-                                  jnp.asarray(num_pending, jnp.int32))
-        return logp_root, cache
+        logp_root, ring = draft_root(ds, weights, target_params, cache, ring, jnp.asarray(pending),
+                                     jnp.asarray(num_pending, jnp.int32))
+        root = tokens[np.arange(B), lengths - 1]
+        return build_tree(spec, ds, weights, target_params, cache, ring, root, logp_root), cache
 
-    logp_root, cache = run(target.params, draft.weights, jnp.asarray(tokens))
+    tree, cache = run(target.params, draft.weights, jnp.asarray(tokens))
+    tree_tokens, parents, draft_logp = (np.asarray(a) for a in (tree.tokens, tree.parents, tree.draft_logp))
 
     hf = hf_config_from_target_config(config)
     model = torch_draft(draft, hf)
@@ -214,7 +249,12 @@ def test_prefill_and_root_match_torch_full_sequence(name):
         n = int(lengths[b])
         tk = np.asarray(cache.k[-1])[b:b + 1, :n - 1]
         tv = np.asarray(cache.v[-1])[b:b + 1, :n - 1]
-        logits = draft_logits(model, hf, tokens[b:b + 1, :n], embed, lm_head.T.copy(), tk, tv, window=dc.window,
-                              cross_gap=1)
-        ref = torch.log_softmax(logits[0, -1], dim=-1).numpy()
-        np.testing.assert_allclose(np.asarray(logp_root[b]), ref, atol=TOL, rtol=0)
+        logp_ref = {}
+        for node in np.flatnonzero(spec.node_depths < spec.depth):  # the draft never runs on the last level
+            sequence = np.concatenate([tokens[b, :n], tree_tokens[b, _node_path(parents[b], node)]])
+            logits = draft_logits(model, hf, sequence[None], embed, lm_head.T.copy(), tk, tv, window=dc.window,
+                                  cross_gap=1)
+            logp_ref[node] = torch.log_softmax(logits[0, -1], dim=-1).numpy()
+            np.testing.assert_allclose(draft_logp[b, node], logp_ref[node], atol=TOL, rtol=0,
+                                       err_msg=f"row {b}, node {node}")
+        _assert_levels_are_top_c(spec, tree_tokens[b], parents[b], logp_ref)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longspec_jax.sampling import SamplingConfig, sampling_log_probs, select_tokens
+from longspec_jax.sampling import MIN_TEMPERATURE, SamplingConfig, sampling_log_probs, select_tokens
 
 PROBS = np.array([0.05, 0.5, 0.15, 0.3], np.float32)  # sorted order: 1 (0.5), 3 (0.3), 2 (0.15), 0 (0.05)
 LOGITS = np.log(PROBS) + 2.0  # any shift: softmax(LOGITS) == PROBS
@@ -71,6 +71,27 @@ def test_select_tokens_samples_the_distribution():
     draws = np.asarray(select_tokens(logits, jax.random.PRNGKey(0), SamplingConfig(temperature=1.0, top_p=0.9)))
     freq = np.bincount(draws, minlength=4) / n
     np.testing.assert_allclose(freq, [0, 0.5 / 0.95, 0.15 / 0.95, 0.3 / 0.95], atol=0.015)
+
+
+@pytest.mark.parametrize("t", [1e-30, 5e-324, float(np.nextafter(MIN_TEMPERATURE, 0))])
+def test_temperature_below_threshold_is_greedy(t):
+    config = SamplingConfig(temperature=t, top_p=0.9)
+    assert config.greedy and config == SamplingConfig(temperature=0.0, top_p=0.9)  # one compiled program
+
+
+def test_threshold_temperature_samples_without_overflow():
+    """At MIN_TEMPERATURE (sampling, not greedy) logits up to 1e4 in magnitude give finite log-probs, all the mass
+    on the argmax, under jit (where T = 1e-30 gave inf / NaN)."""
+    logits = jax.random.normal(jax.random.PRNGKey(0), (8, 256))
+    logits = logits * (1e4 / jnp.abs(logits).max())
+    argmax = np.argmax(np.asarray(logits), axis=-1)
+    for top_p in (1.0, 0.9):
+        config = SamplingConfig(temperature=MIN_TEMPERATURE, top_p=top_p)
+        assert not config.greedy
+        logp = np.asarray(jax.jit(sampling_log_probs, static_argnums=1)(logits, config))
+        assert not np.isnan(logp).any()
+        np.testing.assert_allclose(np.exp(logp), np.eye(256)[argmax], atol=1e-6)
+        np.testing.assert_array_equal(select_tokens(logits, jax.random.PRNGKey(1), config), argmax)
 
 
 @pytest.mark.parametrize("kwargs, words", [
