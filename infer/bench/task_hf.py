@@ -34,9 +34,9 @@ class HFRunner:
         return time.perf_counter() - t0, out
 
     def run(self, tokens: list[int], new_tokens: int, temperature: float, lookup_tokens: int | None, seed: int,
-            eos_ids: list[int] | None, warm: bool) -> dict:
-        """One prompt: ``generated`` [1], ``rounds`` None (HF does not report them), ``total_s``, ``prefill_s``,
-        ``tokens`` (the new tokens)."""
+            eos_ids: list[int] | None, warm: bool, reps: int = 1) -> dict:
+        """One prompt: ``generated`` [1], ``rounds`` None (HF does not report them), ``total_s`` and ``prefill_s``
+        (medians of ``reps`` calls), ``tokens`` (the new tokens), ``peak_bytes`` (torch's peak on the GPU)."""
         torch = self.torch
         ids = torch.tensor([tokens], device=self.device)
         kwargs = dict(do_sample=temperature > 0, pad_token_id=0,
@@ -49,9 +49,16 @@ class HFRunner:
             kwargs["min_new_tokens"] = new_tokens
         if not warm:
             self._generate(ids, new_tokens, kwargs)
-        torch.manual_seed(seed)
-        prefill_s, _ = self._generate(ids, 1, {**kwargs, "min_new_tokens": 1} if not eos_ids else kwargs)
-        torch.manual_seed(seed)
-        total_s, out = self._generate(ids, new_tokens, kwargs)
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        prefill, total = [], []
+        for _ in range(reps):
+            torch.manual_seed(seed)
+            prefill.append(self._generate(ids, 1, {**kwargs, "min_new_tokens": 1} if not eos_ids else kwargs)[0])
+            torch.manual_seed(seed)
+            seconds, out = self._generate(ids, new_tokens, kwargs)
+            total.append(seconds)
         new = out[0, len(tokens):].tolist()
-        return dict(generated=[len(new)], rounds=None, total_s=total_s, prefill_s=prefill_s, tokens=[new])
+        return dict(generated=[len(new)], rounds=None, total_s=sorted(total)[reps // 2],
+                    prefill_s=sorted(prefill)[reps // 2], tokens=[new],
+                    peak_bytes=torch.cuda.max_memory_allocated() if self.cuda else None)

@@ -68,7 +68,8 @@ def parse_methods(names: list[str], drafts: list[str], shapes: list[tuple], chai
 
 
 def peak_bytes() -> int | None:
-    """The process's peak device memory so far (GPU), or None where JAX does not report it."""
+    """JAX's peak device memory in this process so far (JAX cannot reset it, so it only grows over the run), or
+    None where JAX does not report it. HF rows report torch's peak over their own calls instead."""
     stats = jax.local_devices()[0].memory_stats() or {}
     return stats.get("peak_bytes_in_use")
 
@@ -89,7 +90,8 @@ class Runner:
         warm, _ = key in self.warm, self.warm.add(key)
         if method.hf_lookup is not None:
             eos_ids = [] if a.ignore_eos else list(self.target.config.eos_token_ids)
-            return self.hf.run(batch[0].tokens, a.new_tokens, temperature, method.hf_lookup, a.seed, eos_ids, warm)
+            return self.hf.run(batch[0].tokens, a.new_tokens, temperature, method.hf_lookup, a.seed, eos_ids, warm,
+                               a.reps)
         draft = self.drafts[method.draft] if method.draft else method.lookup
         kwargs = dict(draft=draft, temperature=temperature, eos_token_id=eos, seed=a.seed, pad_prompts_to=pad_to,
                       **({"tree_shape": method.tree} if method.tree else {}))
@@ -179,8 +181,10 @@ def run(args) -> dict:
                     if not batches or (method.hf_lookup is not None and batch_size > 1):
                         continue
                     runs = [runner(method, b, temperature, pad_to) for b in batches]
+                    hf_peaks = [r["peak_bytes"] for r in runs if r.get("peak_bytes") is not None]
                     row = dict(task=task, bucket=bucket, temperature=temperature, batch=batch_size,
-                               method=method.name, **summarize_runs(runs), peak_bytes=peak_bytes())
+                               method=method.name, **summarize_runs(runs),
+                               peak_bytes=max(hf_peaks) if hf_peaks else peak_bytes())
                     outputs = [t for r in runs for t in r["tokens"]]
                     if plain is None:
                         plain = dict(tps=row["tokens_per_s"], outputs=outputs)
