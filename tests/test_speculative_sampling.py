@@ -1,5 +1,19 @@
-"""T > 0 losslessness: the joint distribution of the first three generated tokens under speculative sampling
-equals the target's own sampling distribution (computed exactly), and a biased rule fails the same test."""
+"""T > 0 losslessness: whole outputs of speculative sampling follow the target's own sampling distribution.
+
+Setup: a 4-token vocabulary, a ragged batch of two prompts (6 and 3 tokens), 8 new tokens with EOS inside the
+window, temperature and top-p < 1. Every output (8 tokens, or fewer ending at EOS) has an exact probability,
+enumerated by :mod:`tests.exact_outputs` from a NumPy re-implementation of the target and of temperature /
+top-p, independent of the library's model and sampling code. One jitted speculative generate call samples
+20480 outputs, over several speculative rounds each (the first token comes from prefill, the rest from
+rounds: tree, verification, acceptance, KV compaction, the next round's draft step on the committed tokens).
+
+The draft runs the target's first layer, so it proposes the target's likely tokens and rounds often accept a
+whole root-to-leaf path plus the bonus token; it is not the target, so rounds also stop at every depth (the
+test counts both). Two statistics must both pass: Pearson's chi-square over whole outputs and a rank-residual
+test (:func:`tests.exact_outputs.rank_residual_pvalue`). Mutated acceptance rules, injected through
+``SpecSettings.acceptance``, must fail them: the exact rule with 2% of the target's draws at tree nodes replaced
+by its argmax, and the PyTorch reference's p/q rule.
+"""
 
 from __future__ import annotations
 
@@ -10,61 +24,152 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 from infer import generate
 from infer.decoding import StopCriteria
 from infer.generate import plan_speculative, run_speculative
+from infer.speculative import exact_acceptance
 from longspec_jax.config import TargetConfig
-from longspec_jax.kv_cache import init_cache
-from longspec_jax.sampling import SamplingConfig, sampling_log_probs
-from longspec_jax.target import forward, lm_head_logits
+from longspec_jax.draft import Draft, DraftConfig, init_draft
+from longspec_jax.sampling import SamplingConfig, sampling_log_probs, select_tokens
+from longspec_jax.target import Target
 from longspec_jax.tree import accept
-from tests.spec_helpers import random_draft, tiny_target
+from tests.exact_outputs import chi_square_pvalue, enumerate_outputs, impossible_outputs, rank_residual_pvalue
 
-VOCAB = 8
+VOCAB = 4
+EOS = 3
 CONFIG = TargetConfig(model_type="llama", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2,
                       num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=4096)
-PROMPT = [1, 5, 2, 7, 3]
-BATCH = 2048
-SEEDS = range(4)  # 8192 samples: the biased rule below scores p < 1e-190 already at 2048
-TREE = (4, 8, 8)
+MODEL_SEED = 63
+PROMPTS = ([1, 3, 0, 2, 1, 2], [2, 0, 3])
+MAX_NEW = 8
+SAMPLES = 20480         # rows of one generate call, alternating between the prompts
+CAPACITY = 64           # KV cache slots: prompt + 8 tokens + a tree fit; generate()'s 512 run 3x slower here
+ALPHA = 1e-4            # the exact rule must score above this on both statistics, a mutant below on one
+ARGMAX_LEAK = 0.02
 
 
-def exact_first_three(target, prompt, sampling) -> np.ndarray:
-    """P(x1, x2, x3 | prompt) ``[V, V, V]`` under plain sampling, from one causal forward over all V^2
-    continuations ``prompt + [x1, x2]``."""
-    rows = np.array([prompt + [a, b] for a in range(VOCAB) for b in range(VOCAB)], np.int32)
-    R, T = rows.shape
-    cache = init_cache(CONFIG.num_layers, R, 16, CONFIG.num_kv_heads, CONFIG.head_dim, jnp.float32)
-    causal = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (R, T, T))
-    positions = jnp.broadcast_to(jnp.arange(T), (R, T))
-    hidden, _ = forward(target.params, CONFIG, jnp.asarray(rows), positions, cache, causal, impl="naive")
-    probs = np.exp(np.asarray(sampling_log_probs(lm_head_logits(target.params, hidden), sampling), np.float64))
-    p1 = probs[0, T - 3]                                       # [V]
-    p2 = probs[::VOCAB, T - 2]                                 # [x1, V]
-    p3 = probs[:, T - 1].reshape(VOCAB, VOCAB, VOCAB)          # [x1, x2, V]
-    joint = p1[:, None, None] * p2[:, :, None] * p3
-    return joint / joint.sum()
+@dataclasses.dataclass(frozen=True)
+class Case:
+    tree: tuple[int, ...]
+    temperature: float
+    top_p: float             # no reachable prefix has a nucleus cut within float32 rounding of it (asserted)
+    min_full_rounds: float   # least share of rounds that accept a full root-to-leaf path plus the bonus token
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(temperature=self.temperature, top_p=self.top_p)
 
 
-def chi_square_pvalue(samples_Sx3: np.ndarray, expected_probs: np.ndarray) -> float:
-    """Pearson chi-square goodness of fit; cells expecting < 5 counts are pooled into one."""
-    flat = samples_Sx3 @ np.array([VOCAB * VOCAB, VOCAB, 1])
-    observed = np.bincount(flat, minlength=VOCAB ** 3).astype(np.float64)
-    expected = expected_probs.reshape(-1) * len(flat)
-    big = expected >= 5
-    obs = np.append(observed[big], observed[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    keep = exp > 0
-    chi2 = np.sum((obs[keep] - exp[keep]) ** 2 / exp[keep])
-    return float(stats.chi2.sf(chi2, keep.sum() - 1))
+TREE = Case(tree=(3, 4, 4), temperature=1.0, top_p=0.925, min_full_rounds=0.1)
+TREE_SHARP = Case(tree=(3, 4, 4), temperature=0.7, top_p=0.9, min_full_rounds=0.1)
+CHAIN = Case(tree=(1, 1, 1), temperature=0.7, top_p=0.9, min_full_rounds=0.03)
+
+
+def _target() -> Target:
+    """A seeded random Llama (weights normal(0, 0.3), norms 1 + normal(0, 0.3); NumPy draws, much faster here
+    than ``init_target_params``) with its second layer's output projections halved, so that the first layer,
+    which the draft copies, dominates, and its LM head scaled by 0.6: flatter distributions, more to sample."""
+    rng = np.random.default_rng(MODEL_SEED)
+    normal = lambda *shape: (0.3 * rng.standard_normal(shape)).astype(np.float32)
+    d, I, HD = CONFIG.hidden_size, CONFIG.intermediate_size, CONFIG.num_heads * CONFIG.head_dim
+    layers = [dict(attn_norm=1 + normal(d), wqkv=normal(d, HD + 2 * CONFIG.num_kv_heads * CONFIG.head_dim),
+                   wo=normal(HD, d), mlp_norm=1 + normal(d), w_gate_up=normal(d, 2 * I), w_down=normal(I, d))
+              for _ in range(CONFIG.num_layers)]
+    layers[1]["wo"] *= 0.5
+    layers[1]["w_down"] *= 0.5
+    params = dict(embed=normal(VOCAB, d), layers=layers, final_norm=np.ones(d, np.float32),
+                  lm_head=0.6 * normal(d, VOCAB))
+    return Target(CONFIG, jax.tree_util.tree_map(jnp.asarray, params))
+
+
+def first_layer_draft(target: Target) -> Draft:
+    """A draft whose self-attention and MLP are the target's first layer (its cross-attention has random
+    weights of the draft's init scale): it predicts the target well, not exactly (no second layer, no final
+    norm, an 8-token window)."""
+    config = DraftConfig.from_target(CONFIG, window=8)
+    layer = target.params["layers"][0]
+    H, K, D, I = CONFIG.num_heads, CONFIG.num_kv_heads, CONFIG.head_dim, CONFIG.intermediate_size
+    wq, wk, wv = np.split(np.asarray(layer["wqkv"]), [H * D, (H + K) * D], axis=1)
+    gate, up = np.split(np.asarray(layer["w_gate_up"]), [I], axis=1)
+    copied = {("input_layernorm", "weight"): layer["attn_norm"], ("self_attn", "q_proj", "kernel"): wq,
+              ("self_attn", "k_proj", "kernel"): wk, ("self_attn", "v_proj", "kernel"): wv,
+              ("self_attn", "o_proj", "kernel"): layer["wo"], ("post_cross_attention_layernorm", "weight"):
+              layer["mlp_norm"], ("mlp", "gate_proj", "kernel"): gate, ("mlp", "up_proj", "kernel"): up,
+              ("mlp", "down_proj", "kernel"): layer["w_down"]}
+    rng = np.random.default_rng(0)
+
+    def value(path, leaf):
+        name = tuple(k.key for k in path[1:])                  # path[0] is "params"
+        if name in copied:
+            return copied.pop(name)
+        if name[-1] == "weight":                                # the other norm
+            return np.ones(leaf.shape)
+        if name[-1] == "bias":
+            return np.zeros(leaf.shape)
+        return config.initializer_range * rng.standard_normal(leaf.shape)
+
+    shapes = jax.eval_shape(lambda: init_draft(config, jax.random.PRNGKey(0)).variables)
+    variables = jax.tree_util.tree_map_with_path(lambda p, leaf: jnp.asarray(value(p, leaf), jnp.float32), shapes)
+    assert not copied, copied
+    return Draft(config, variables)
+
+
+@functools.lru_cache(maxsize=None)
+def _models() -> tuple[Target, Draft]:
+    target = _target()
+    return target, first_layer_draft(target)
+
+
+@functools.lru_cache(maxsize=None)
+def _exact(case: Case):
+    target, _ = _models()
+    return [enumerate_outputs(target.params, CONFIG, prompt, MAX_NEW, EOS, case.temperature, case.top_p)
+            for prompt in PROMPTS]
+
+
+def _outputs_by_prompt(out) -> list[list[tuple[int, ...]]]:
+    """The generated tokens of each row as an output tuple, split by prompt (rows alternate between them)."""
+    outputs = [tuple(row[:n]) for row, n in zip(out.tokens.tolist(), out.num_generated)]
+    return [outputs[i::len(PROMPTS)] for i in range(len(PROMPTS))]
+
+
+def _rows() -> list[list[int]]:
+    return [PROMPTS[b % len(PROMPTS)] for b in range(SAMPLES)]
+
+
+def _speculative(case: Case, acceptance=exact_acceptance, seed: int = 0):
+    """One speculative generate call over ``SAMPLES`` rows with the given acceptance rule."""
+    target, draft = _models()
+    settings = plan_speculative(target, draft, max(map(len, PROMPTS)), MAX_NEW, case.sampling, case.tree, 512,
+                                "xla")
+    assert settings.base.prompt_len + settings.base.out_len + settings.tree.num_nodes <= CAPACITY
+    settings = dataclasses.replace(settings, acceptance=acceptance,
+                                   base=dataclasses.replace(settings.base, capacity=CAPACITY))
+    return run_speculative(settings, target, draft, _rows(), MAX_NEW, StopCriteria.make(MAX_NEW, [EOS]), seed)
+
+
+def _pvalues(samples, exact) -> dict[str, float]:
+    """Both statistics; any output of probability zero makes both 0."""
+    if any(impossible_outputs(s, e) for s, e in zip(samples, exact)):
+        return {"chi_square": 0.0, "rank_residual": 0.0}
+    return {"chi_square": chi_square_pvalue(samples, exact), "rank_residual": rank_residual_pvalue(samples, exact)}
+
+
+def argmax_leak_acceptance(tree, target_logits_BxNxV, key, settings):
+    """Mutant of :func:`infer.speculative.exact_acceptance`: 2% of the target's draws at tree nodes are
+    replaced by its argmax."""
+    k_draw, k_leak = jax.random.split(key)
+    choices_BxN = select_tokens(target_logits_BxNxV, k_draw, settings.base.sampling)
+    leak_BxN = jax.random.uniform(k_leak, choices_BxN.shape) < ARGMAX_LEAK
+    choices_BxN = jnp.where(leak_BxN, jnp.argmax(target_logits_BxNxV, axis=-1).astype(jnp.int32), choices_BxN)
+    return accept(tree.tokens, tree.parents, tree.mask, choices_BxN, settings.tree)
 
 
 def reference_pq_acceptance(tree, target_logits_BxNxV, key, settings):
-    """The PyTorch reference's T > 0 rule (reference.md 2.8), test-only negative control: try the children in
-    random order, accept child s with probability min(1, p(s)/q(s)), on rejection p <- norm(max(p - q, 0));
-    with no child accepted, sample the bonus from the residual. Biased for deterministic top-k children."""
+    """The PyTorch reference's T > 0 rule (reference.md 2.8): try the children in random order, accept child s
+    with probability min(1, p(s)/q(s)), on rejection p <- norm(max(p - q, 0)); with no child accepted, sample
+    the bonus from the residual. Biased for deterministic top-k children."""
     B, N, V = target_logits_BxNxV.shape
     T = settings.base.sampling.temperature
     p = jnp.exp(sampling_log_probs(target_logits_BxNxV, settings.base.sampling))
@@ -76,7 +181,7 @@ def reference_pq_acceptance(tree, target_logits_BxNxV, key, settings):
     uniforms = jax.random.uniform(k_accept, (B, N, N))
     accepted = jnp.zeros((B, N), bool)
     choice = jnp.full((B, N), -1, jnp.int32)
-    for j in range(max(settings.tree.shape)):
+    for j in range(min(max(settings.tree.shape), V)):  # a node has at most V children
         child = order[:, :, j]
         valid = jnp.take_along_axis(is_child, child[..., None], axis=-1)[..., 0] & ~accepted
         token = jnp.take_along_axis(tree.tokens, child, axis=1)
@@ -95,48 +200,47 @@ def reference_pq_acceptance(tree, target_logits_BxNxV, key, settings):
     return dataclasses.replace(walk, tokens_BxA=tokens)
 
 
-@functools.lru_cache(maxsize=None)
-def _models():
-    return tiny_target(11, CONFIG), random_draft(4, CONFIG, window=8)
+CASES = [pytest.param(TREE, id="tree-T1-top_p0.925"),
+         pytest.param(TREE_SHARP, id="tree-T0.7-top_p0.9", marks=pytest.mark.slow),
+         pytest.param(CHAIN, id="chain-T0.7-top_p0.9", marks=pytest.mark.slow)]
 
 
-def _speculative_samples(sampling: SamplingConfig, acceptance=None) -> np.ndarray:
-    target, draft = _models()
-    settings = plan_speculative(target, draft, len(PROMPT), 3, sampling, TREE, 512, "xla")
-    if acceptance is not None:
-        settings = dataclasses.replace(settings, acceptance=acceptance)
-    prompts = [PROMPT] * BATCH
-    stop = StopCriteria.make(3, [])
-    outs = [run_speculative(settings, target, draft, prompts, 3, stop, seed).tokens for seed in SEEDS]
-    return np.concatenate(outs)
+@pytest.mark.parametrize("case", CASES)
+def test_speculative_sampling_matches_exact_output_distribution(case):
+    """The rounds did what the test needs (full depth + bonus, stops at every depth, several rounds, EOS), no
+    output is impossible, and both statistics pass."""
+    exact = _exact(case)
+    assert all(e.nucleus_risk < 1e-6 for e in exact), "top_p sits on a likely nucleus cut: pick another"
+    out = _speculative(case)
+    samples = _outputs_by_prompt(out)
+    rounds_by_emitted = out.accept_counts.sum(axis=0)    # [depth + 1]: rounds that emitted 1 .. depth + 1 tokens
+    share = rounds_by_emitted / rounds_by_emitted.sum()
+    assert share[-1] >= case.min_full_rounds, f"full depth + bonus in only {share[-1]:.1%} of rounds"
+    assert share[:-1].min() >= 0.005, f"rounds by tokens emitted: {share}"   # rejections at every depth
+    assert out.num_rounds[out.num_generated == MAX_NEW].min() >= 2   # prefill token + at most depth + 1 a round
+    assert np.mean([x[-1] == EOS for x in sum(samples, [])]) >= 0.1  # EOS inside the window
+    for s, e in zip(samples, exact):
+        assert not impossible_outputs(s, e)[:5]
+    pvalues = _pvalues(samples, exact)
+    assert min(pvalues.values()) > ALPHA, pvalues
 
 
-CASES = [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_p=0.9)]
-
-
-@pytest.mark.parametrize("sampling", CASES, ids=["T1", "T0.7-top_p0.9"])
-def test_speculative_sampling_matches_target_distribution(sampling):
+@pytest.mark.slow
+def test_plain_sampling_matches_exact_output_distribution():
+    """The same check on plain decoding: the library's sampler against the NumPy tables."""
     target, _ = _models()
-    expected = exact_first_three(target, PROMPT, sampling)
-    samples = _speculative_samples(sampling)
-    assert samples.shape == (BATCH * len(SEEDS), 3) and (samples >= 0).all()
-    assert chi_square_pvalue(samples, expected) > 1e-3
+    out = generate(target, _rows(), max_new_tokens=MAX_NEW, temperature=TREE.temperature, top_p=TREE.top_p,
+                   eos_token_id=[EOS], seed=0)
+    pvalues = _pvalues(_outputs_by_prompt(out), _exact(TREE))
+    assert min(pvalues.values()) > ALPHA, pvalues
 
 
-def test_plain_sampling_matches_exact_distribution():
-    """Calibrates the test itself: plain sampling passes it too."""
-    target, _ = _models()
-    sampling = CASES[0]
-    expected = exact_first_three(target, PROMPT, sampling)
-    samples = np.concatenate([generate(target, [PROMPT] * BATCH, max_new_tokens=3, temperature=1.0,
-                                       eos_token_id=[], seed=seed).tokens for seed in SEEDS])
-    assert chi_square_pvalue(samples, expected) > 1e-3
-
-
-def test_negative_control_reference_pq_rule_fails():
-    """The reference's p/q ratio test on deterministic top-k children is biased; the same test detects it."""
-    target, _ = _models()
-    sampling = CASES[0]
-    expected = exact_first_three(target, PROMPT, sampling)
-    samples = _speculative_samples(sampling, acceptance=reference_pq_acceptance)
-    assert chi_square_pvalue(samples, expected) < 1e-6
+@pytest.mark.slow
+@pytest.mark.parametrize("mutant", [argmax_leak_acceptance, reference_pq_acceptance],
+                         ids=["argmax-2%", "reference-pq"])
+def test_mutant_acceptance_fails(mutant):
+    """The default case's test fails a slightly (2% argmax) or structurally (p/q) biased rule. Over seeds 0-4
+    (2026-11-30): the argmax mutant's rank-residual p-value 7e-8 .. 7e-18 (its chi-square 0.02 .. 0.9: too
+    thin a signal for it), the p/q rule's both 0.0 (underflow)."""
+    pvalues = _pvalues(_outputs_by_prompt(_speculative(TREE, mutant)), _exact(TREE))
+    assert min(pvalues.values()) < ALPHA, pvalues
