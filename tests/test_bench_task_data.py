@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from infer.bench.task_data import (Sample, bucket_name, chat_prompt, load_longbench, load_reasoning,
+from infer.bench.task_data import (BUCKETS, Sample, bucket_name, chat_prompt, load_longbench, load_reasoning,
                                    repo_completion, select)
 
 
@@ -68,9 +68,11 @@ def test_buckets_and_select():
     assert [bucket_name(n) for n in (2048, 2049, 4096, 4097, 32768, 32769)] == \
         [None, "2-4k", "2-4k", "4-8k", "16-32k", None]
     samples = [Sample("t", str(n), "", [], [0] * n) for n in (1200, 1201, 3000, 3500, 5000, 40000)]
-    assert [s.id for s in select(samples)] == ["1201", "3000", "3500", "5000", "40000"]
-    assert [s.id for s in select(samples, max_tokens=4000)] == ["1201", "3000", "3500"]
-    assert [s.id for s in select(samples, buckets=["2-4k"], limit=1)] == ["3000"]
+    wide = ((1024, 2048),) + BUCKETS + ((32768, 65536),)
+    assert [s.id for s in select(samples, buckets=wide)] == ["1201", "3000", "3500", "5000", "40000"]
+    assert [s.id for s in select(samples, max_tokens=4000, buckets=wide)] == ["1201", "3000", "3500"]
+    assert [s.id for s in select(samples)] == ["3000", "3500", "5000"]  # inside the default buckets
+    assert [s.id for s in select(samples, buckets=((2048, 4096),), limit=1)] == ["3000"]
 
 
 def test_repo_completion_cuts_after_a_def_and_answers_with_the_function():

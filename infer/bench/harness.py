@@ -110,6 +110,17 @@ def time_runs(start: Callable, run: Callable, reps: int, warmup: bool = True) ->
     return statistics.median(times), state
 
 
+def median_call(call: Callable, reps: int) -> tuple[float, Any]:
+    """Median wall seconds of ``reps`` calls of ``call`` (which returns host data, so it has finished), and the
+    last call's result."""
+    times, out = [], None
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = call()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
 def net_of_overhead(per_step_s: float, empty_per_step_s: float) -> dict:
     """An op's time = loop time per step - the empty loop's (same loop, identity op), in microseconds."""
     return dict(us=(per_step_s - empty_per_step_s) * 1e6, raw_us=per_step_s * 1e6, overhead_us=empty_per_step_s * 1e6)

@@ -24,12 +24,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 
 from infer.bench.drafts import pad_pair, prompt_windows
-from infer.bench.harness import arg_parser, log, md_header, md_row, write_report
+from infer.bench.harness import arg_parser, log, md_header, md_row, median_call, write_report
 from infer.bench.near_tie import first_divergence
 
 MODES = {"off": False, "on": True}  # --modes name -> generate(reproducible=...)
@@ -121,12 +120,7 @@ def time_modes(args) -> dict:
                     return gen.generate(target, [prompt], draft=d, max_new_tokens=args.new_tokens,
                                         eos_token_id=[], reproducible=MODES[mode])
                 call()
-                times = []
-                for _ in range(args.reps):
-                    t0 = time.perf_counter()
-                    call()
-                    times.append(time.perf_counter() - t0)
-                seconds = float(np.median(times))
+                seconds, _ = median_call(call, args.reps)
                 report[f"{mode}/{method}/{context}"] = dict(seconds=seconds, tokens_per_s=args.new_tokens / seconds)
                 log(f"ctx {context} {method} reproducible={mode}: {seconds * 1e3:.1f} ms")
     return report

@@ -149,17 +149,17 @@ def repo_completion(docs: list[dict], tokenizer, buckets=BUCKETS, per_bucket: in
     return samples
 
 
-def select(samples: list[Sample], min_tokens: int = 1200, max_tokens: int | None = None,
-           buckets: list[str] | None = None, limit: int | None = None) -> list[Sample]:
-    """The reference's filter ``min_tokens < length <= max_tokens`` (its max: the model's context - 2000),
-    optionally only some buckets, and at most ``limit`` samples per (task, bucket), in order."""
+def select(samples: list[Sample], min_tokens: int = 1200, max_tokens: int | None = None, buckets=BUCKETS,
+           limit: int | None = None) -> list[Sample]:
+    """The reference's filter ``min_tokens < length <= max_tokens`` (its max: the model's context - 2000), only
+    lengths inside one of ``buckets`` (``(lo, hi]`` pairs), and at most ``limit`` samples per (task, bucket), in
+    order."""
     kept, seen = [], {}
     for s in samples:
-        if s.length <= min_tokens or (max_tokens is not None and s.length > max_tokens):
+        bucket = bucket_name(s.length, buckets)
+        if s.length <= min_tokens or (max_tokens is not None and s.length > max_tokens) or bucket is None:
             continue
-        if buckets is not None and s.bucket not in buckets:
-            continue
-        key = (s.task, s.bucket)
+        key = (s.task, bucket)
         if limit is not None and seen.get(key, 0) >= limit:
             continue
         seen[key] = seen.get(key, 0) + 1

@@ -24,13 +24,12 @@ import dataclasses
 import datetime
 import json
 import os
-import time
 
 import jax
 import numpy as np
 
 from infer.bench.drafts import repeat_4gram_share
-from infer.bench.harness import arg_parser, log, write_report
+from infer.bench.harness import arg_parser, log, median_call, write_report
 from infer.bench.task_data import (Sample, bucket_bounds, bucket_name, load_longbench, load_reasoning,
                                    repo_completion, select)
 from infer.bench.task_report import divergences, markdown, plot, summarize_runs
@@ -81,7 +80,7 @@ class Runner:
         self.target, self.drafts, self.hf, self.args, self.warm = target, drafts, hf, args, set()
 
     def _median(self, call):
-        return _median_call(call, self.args.reps)
+        return median_call(call, self.args.reps)
 
     def __call__(self, method: Method, batch: list[Sample], temperature: float, pad_to: int) -> dict:
         a = self.args
@@ -104,16 +103,6 @@ class Runner:
         return dict(generated=out.num_generated.tolist(), rounds=out.num_rounds.tolist(), total_s=total_s,
                     prefill_s=prefill_s, accept_counts=None if out.accept_counts is None else out.accept_counts.tolist(),
                     tokens=[out.tokens[b, :n].tolist() for b, n in enumerate(out.num_generated)])
-
-
-def _median_call(call, reps: int):
-    """Median seconds of ``reps`` calls of ``call`` (which returns host data), and the last result."""
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        out = call()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)), out
 
 
 def gather_samples(args, tokenizer) -> list[Sample]:
@@ -161,12 +150,9 @@ def run(args) -> dict:
         from infer.bench.task_hf import HFRunner
         hf = HFRunner(args.target)
     names = [bucket_name(hi, args.buckets) for _, hi in args.buckets]
-    samples = select(samples, args.min_tokens, args.max_tokens, None, None)
     groups: dict[tuple, list[Sample]] = {}
-    for s in samples:
-        bucket = bucket_name(s.length, args.buckets)
-        if bucket in names and len(groups.setdefault((s.task, bucket), [])) < args.per_bucket:
-            groups[(s.task, bucket)].append(s)
+    for s in select(samples, args.min_tokens, args.max_tokens, args.buckets, args.per_bucket):
+        groups.setdefault((s.task, bucket_name(s.length, args.buckets)), []).append(s)
     runner = Runner(target, drafts, hf, args)
     results = dict(date=datetime.date.today().isoformat(), device=str(jax.devices()[0].device_kind),
                    jax=jax.__version__, new_tokens=args.new_tokens, methods=[m.name for m in methods],
