@@ -114,7 +114,7 @@ class TargetConfig:
             o_bias=o_bias,
             mlp_bias=mlp_bias,
             eos_token_ids=_as_id_tuple(cfg.get("eos_token_id")),
-            pad_token_id=pad if _is_int(pad) else None,
+            pad_token_id=pad if is_int(pad) else None,
         )
 
     @classmethod
@@ -157,7 +157,8 @@ def read_json_object(path: str, error: type[ValueError] = ConfigError) -> dict:
     return value
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
+    """A JSON integer: an ``int`` that is not a ``bool``."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -166,7 +167,7 @@ def _int_field(cfg: dict, key: str, default: Any = _REQUIRED, *, section: str = 
     value = cfg.get(key)
     if value is None and default is not _REQUIRED:
         return default
-    if not _is_int(value) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ConfigError(f"config field {section}{key} must be a positive integer, got {reprlib.repr(value)}")
     return value
 
@@ -191,8 +192,8 @@ def _bool_field(cfg: dict, key: str, default: bool) -> bool:
 
 
 def _as_id_tuple(value) -> tuple[int, ...]:
-    ids = () if value is None else (value,) if _is_int(value) else value
-    if not isinstance(ids, (list, tuple)) or not all(_is_int(i) and i >= 0 for i in ids):
+    ids = () if value is None else (value,) if is_int(value) else value
+    if not isinstance(ids, (list, tuple)) or not all(is_int(i) and i >= 0 for i in ids):
         raise ConfigError(f"config field eos_token_id must be a token id or a list of them, got "
                           f"{reprlib.repr(value)}")
     return tuple(ids)

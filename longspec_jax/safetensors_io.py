@@ -18,7 +18,7 @@ from typing import Iterator, NamedTuple
 import ml_dtypes
 import numpy as np
 
-from longspec_jax.config import read_json_object
+from longspec_jax.config import is_int, read_json_object
 from longspec_jax.errors import WeightsError
 
 _DTYPES = {
@@ -37,10 +37,6 @@ class _Entry(NamedTuple):
     shape: tuple[int, ...]
     begin: int  # byte offsets into the data section
     end: int
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _read_header(path: str) -> tuple[dict, int, int]:
@@ -78,10 +74,10 @@ def _parse_entry(path: str, name: str, info) -> _Entry:
     if not isinstance(dtype, str) or dtype not in _DTYPES:
         raise WeightsError(f"{where}: unsupported dtype {reprlib.repr(dtype)}; supported: {', '.join(_DTYPES)}")
     if (not isinstance(shape, list) or len(shape) > _MAX_NDIM
-            or not all(_is_int(d) and d >= 0 for d in shape)):
+            or not all(is_int(d) and d >= 0 for d in shape)):
         raise WeightsError(f"{where}: shape {reprlib.repr(shape)} is not a list of at most {_MAX_NDIM} "
                            f"non-negative integers")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(is_int(o) for o in offsets)):
         raise WeightsError(f"{where}: data_offsets {reprlib.repr(offsets)} is not a [begin, end] pair of integers")
     begin, end = offsets
     if not 0 <= begin <= end:
