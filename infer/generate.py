@@ -237,9 +237,17 @@ def plan_speculative(target, draft: Draft, longest_prompt: int, max_new_tokens: 
 def run_speculative(settings: SpecSettings, target, draft: Draft, prompts, max_new_tokens: int, stop,
                     seed: int, reproducible: bool = True) -> GenerateOutput:
     """Runs the compiled speculative loop and converts its state to a ``GenerateOutput``."""
+    return _run_rounds("speculative", settings, (target.params, draft.weights), prompts, max_new_tokens, stop, seed,
+                       reproducible)
+
+
+def _run_rounds(loop: str, settings, params: tuple, prompts, max_new_tokens: int, stop, seed: int,
+                reproducible: bool) -> GenerateOutput:
+    """Pads the prompts, runs the compiled speculative or prompt-lookup ``loop`` on ``params`` and returns its
+    output with the acceptance counts."""
     tokens, lengths = pad_prompts(prompts, settings.base.prompt_len)
-    loop = _compiled("speculative", _options(reproducible))
-    state = loop(target.params, draft.weights, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings)
+    state = _compiled(loop, _options(reproducible))(*params, tokens, lengths, stop, jax.random.PRNGKey(seed),
+                                                    settings=settings)
     out = to_output(state.progress, max_new_tokens)
     out.accept_counts = np.asarray(state.accept_counts)
     return out
@@ -259,9 +267,4 @@ def plan_lookup(target, lookup: PromptLookup, longest_prompt: int, max_new_token
 def run_lookup(settings: LookupSettings, target, prompts, max_new_tokens: int, stop, seed: int,
                reproducible: bool = True) -> GenerateOutput:
     """Runs the compiled prompt-lookup loop and converts its state to a ``GenerateOutput``."""
-    tokens, lengths = pad_prompts(prompts, settings.base.prompt_len)
-    loop = _compiled("lookup", _options(reproducible))
-    state = loop(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings)
-    out = to_output(state.progress, max_new_tokens)
-    out.accept_counts = np.asarray(state.accept_counts)
-    return out
+    return _run_rounds("lookup", settings, (target.params,), prompts, max_new_tokens, stop, seed, reproducible)

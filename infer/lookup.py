@@ -19,7 +19,7 @@ import numpy as np
 from flax import struct
 
 from infer.decoding import DecodeSettings, Progress, StopCriteria, prefill_and_first_token
-from infer.speculative import exact_acceptance, verify
+from infer.speculative import exact_acceptance, tally_accepted, verify
 from longspec_jax.kv_cache import KVCache, commit
 from longspec_jax.tree import Tree, TreeSpec
 
@@ -120,11 +120,9 @@ def lookup_round(settings: LookupSettings, target_params, stop: StopCriteria, st
     active_B = ~state.progress.done
     cache = commit(cache, accepted.path_BxA, accepted.count_B, active_B)
     history, length = _append(state.history, state.length, accepted.tokens_BxA, accepted.count_B, active_B)
-    A = settings.tree.max_accept
-    counted_BxA = jax.nn.one_hot(accepted.count_B - 1, A, dtype=jnp.int32) * active_B[:, None]
     return LookupState(cache=cache, history=history, length=length,
                        progress=state.progress.emit(accepted.tokens_BxA, accepted.count_B, stop),
-                       accept_counts=state.accept_counts + counted_BxA, key=key)
+                       accept_counts=tally_accepted(state.accept_counts, accepted.count_B, active_B), key=key)
 
 
 def lookup_generate(settings: LookupSettings, target_params, tokens_BxT, prompt_lengths_B, stop: StopCriteria,

@@ -62,6 +62,12 @@ def verify(settings: SpecSettings, target_params, cache: KVCache, tree: Tree):
     return lm_head_logits(target_params, hidden_BxNxd), cache
 
 
+def tally_accepted(accept_counts_BxA: jax.Array, count_B: jax.Array, active_B: jax.Array) -> jax.Array:
+    """Adds one to each active row's count of rounds that emitted ``count`` tokens."""
+    A = accept_counts_BxA.shape[1]
+    return accept_counts_BxA + jax.nn.one_hot(count_B - 1, A, dtype=jnp.int32) * active_B[:, None]
+
+
 def spec_round(settings: SpecSettings, target_params, weights: DraftWeights, stop: StopCriteria,
                state: SpecState) -> SpecState:
     key, verify_key = jax.random.split(state.key)
@@ -75,12 +81,11 @@ def spec_round(settings: SpecSettings, target_params, weights: DraftWeights, sto
     active_B = ~state.progress.done
     cache = commit(cache, accepted.path_BxA, accepted.count_B, active_B)
     progress = state.progress.emit(accepted.tokens_BxA, accepted.count_B, stop)
-    A = settings.tree.max_accept
-    counted_BxA = jax.nn.one_hot(accepted.count_B - 1, A, dtype=jnp.int32) * active_B[:, None]
     return SpecState(cache=cache, ring=ring,
                      pending=jnp.where(active_B[:, None], accepted.tokens_BxA, state.pending),
                      num_pending=jnp.where(active_B, accepted.count_B, state.num_pending),
-                     progress=progress, accept_counts=state.accept_counts + counted_BxA, key=key)
+                     progress=progress, accept_counts=tally_accepted(state.accept_counts, accepted.count_B, active_B),
+                     key=key)
 
 
 def speculative_start(settings: SpecSettings, target_params, weights: DraftWeights, tokens_BxT, prompt_lengths_B,
