@@ -1,4 +1,4 @@
-"""``python -m infer.bench {decode,attention,spec,drafts,repro,tasks} [options]``: runs one benchmark; ``... NAME --help`` lists its
+"""``python -m infer.bench {decode,attention,spec,profile,drafts,repro,tasks} [options]``: runs one benchmark; ``... NAME --help`` lists its
 options. Each writes ``bench_NAME.json`` and ``bench_NAME.md`` under ``--out``; ``--smoke`` is a tiny CPU run."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import sys
 COMMANDS = {
     "decode": "plain decode tokens/s: ours vs HF PyTorch generate vs the memory-bandwidth floor",
     "attention": "hybrid tree attention and its kernels, in-loop timed, against the copy bandwidth",
+    "profile": "per-op GPU time of a round's phases and a plain step, from a profiler trace",
     "spec": "speculative decoding on an 8B-cost pair: tokens/s, tau, per-round phase times, draft-state bytes",
     "drafts": "trained drafts on held-out prompts: tau and tokens/s against plain decoding, by context and T",
     "repro": "the same greedy generate() in several fresh processes: equal tokens? and the speed cost of the fix",

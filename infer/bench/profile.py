@@ -1,0 +1,159 @@
+"""Per-op GPU time of one speculative round's phases and of a plain step, from a profiler trace.
+
+    python -m infer.bench profile --out DIR --fixture FIXTURE_DIR --pad-script pad_model.py   # GPU
+    python -m infer.bench profile --out DIR --smoke                                           # CPU, tiny
+
+Same model pair, prompt and settings as ``python -m infer.bench spec`` (the padded 8B-cost pair, tree
+(4,16,16,16,16), batch 1). Each phase (plain decode step, draft step 0, every tree level, verify, the whole
+round) is profiled in the in-loop timing from the post-prefill state (:mod:`infer.bench.trace`): kernels per
+step, summed kernel time, GPU-busy time and wall time per step, and where the time goes by source function and
+by kernel. ``--options`` adds XLA compiler-option variants (e.g. command buffers off) of every phase.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from infer.bench.harness import arg_parser, log, md_header, md_row, write_report
+from infer.bench.spec import TREE, load_pair
+from infer.bench.trace import profile_loop
+from infer.decoding import StopCriteria
+from infer.generate import pad_prompts, plan_speculative
+from infer.plain import decode_step
+from infer.speculative import spec_round, speculative_start, verify
+from longspec_jax.draft import draft_root
+from longspec_jax.sampling import SamplingConfig
+from longspec_jax.tree import grow_tree, start_tree
+
+
+def phase_steps(settings, stop):
+    """``{phase: (step(carry, *consts) -> carry, carry-from-state, consts-from-state)}`` for one round's phases."""
+    spec, ds, base = settings.tree, settings.draft, settings.base
+
+    def plain(carry, p):
+        token_B, cache = carry
+        return decode_step(p, base, cache, token_B, jax.random.PRNGKey(0))
+
+    def step0(carry, p, d):
+        st, _ = carry
+        logp_BxV, ring = draft_root(ds, d, p, st.cache, st.ring, st.pending, st.num_pending)
+        return st.replace(ring=ring), logp_BxV
+
+    def level(k):
+        def grow(builder, p, d, cache, ring):
+            return grow_tree(spec, ds, d, p, cache, ring, builder, k)
+        return grow
+
+    def verify_step(carry, p, tree):
+        return verify(settings, p, carry[1], tree)
+
+    def round_step(st, p, d):
+        return spec_round(settings, p, d, stop, st)
+
+    return dict(plain=plain, draft_step0=step0, **{f"tree_level{k + 1}": level(k) for k in range(1, spec.depth)},
+                verify=verify_step, round=round_step)
+
+
+def profile_context(settings, stop, tparams, weights, tokens, lengths, reps: int, options: dict) -> dict:
+    """Every phase under every compiler-option variant; the carries are rebuilt from the post-prefill state."""
+    start = jax.jit(lambda p, d, t, l, k: speculative_start(settings, p, d, t, l, stop, k))
+    steps = phase_steps(settings, stop)
+    spec, ds = settings.tree, settings.draft
+    out: dict = {}
+    for variant, opts in options.items():
+        state = start(tparams, weights, tokens, lengths, jax.random.PRNGKey(0))
+        B, N, V = tokens.shape[0], spec.num_nodes, settings.base.config.vocab_size
+        root_B = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)[:, 0]
+        logp_root_BxV, ring = draft_root(ds, weights, tparams, state.cache, state.ring, state.pending,
+                                         state.num_pending)
+        builder = start_tree(spec, ds, root_B, logp_root_BxV)
+        levels = [builder]
+        for k in range(1, spec.depth):
+            levels.append(grow_tree(spec, ds, weights, tparams, state.cache, ring, levels[-1], k))
+        plans = dict(plain=lambda: ((state.pending[:, 0], state.cache), (tparams,)),
+                     draft_step0=lambda: ((state, logp_root_BxV), (tparams, weights)),
+                     verify=lambda: ((jnp.zeros((B, N, V), jnp.float32), state.cache), (tparams, levels[-1].tree)),
+                     round=lambda: (state, (tparams, weights)))
+        for k in range(1, spec.depth):
+            plans[f"tree_level{k + 1}"] = functools.partial(lambda k: (levels[k - 1], (tparams, weights, state.cache,
+                                                                                        ring)), k)
+        rows = {}
+        for name, step in steps.items():
+            carry, consts = plans[name]()
+            t0 = time.perf_counter()
+            try:
+                rows[name], carry = profile_loop(step, carry, consts, reps, opts)
+            except Exception as e:  # noqa: BLE001
+                rows[name] = dict(error=f"{type(e).__name__}: {e}"[:800])
+                log(f"{variant} {name}: {rows[name]['error']}")
+                continue
+            if name in ("plain", "verify", "round", "draft_step0"):  # the carry holds the (donated) cache
+                state = start(tparams, weights, tokens, lengths, jax.random.PRNGKey(0))
+            r = rows[name]
+            log(f"{variant} {name}: wall {r['wall_us']:.1f} us/step, busy {r['busy_us']:.1f}, kernels "
+                f"{r['kernel_sum_us']:.1f} in {r['launches']:.0f} launches ({time.perf_counter() - t0:.0f} s)")
+        out[variant] = rows
+    return out
+
+
+def run(args) -> dict:
+    t0 = time.perf_counter()
+    target, draft, stream, impl = load_pair(args)
+    log(f"pair loaded in {time.perf_counter() - t0:.0f} s")
+    results: dict = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
+                     "jax": jax.__version__, "tree_shape": list(TREE), "contexts": {}}
+    stop = StopCriteria.make(args.new_tokens, [])
+    for ctx in args.contexts:
+        settings = plan_speculative(target, draft, ctx, args.new_tokens, SamplingConfig(), TREE, 512, impl)
+        tokens, lengths = pad_prompts([np.asarray(stream[:ctx], np.int32)], settings.base.prompt_len)
+        results["contexts"][ctx] = profile_context(settings, stop, target.params, draft.weights, tokens, lengths,
+                                                   args.reps, args.options)
+        write_report(args.out, "bench_profile", results, markdown(results))
+    return results
+
+
+def markdown(results: dict, top: int = 12) -> str:
+    lines = []
+    for ctx, variants in results["contexts"].items():
+        for variant, rows in variants.items():
+            lines.append(f"\n## {ctx} tokens, {variant}\n")
+            lines += md_header(["phase", "wall us", "GPU busy us", "kernel sum us", "launches"])
+            lines += [md_row([n, f"{r['wall_us']:.1f}", f"{r['busy_us']:.1f}", f"{r['kernel_sum_us']:.1f}",
+                              f"{r['launches']:.0f}"]) for n, r in rows.items() if "error" not in r]
+            for name, r in rows.items():
+                if "error" in r:
+                    continue
+                lines.append(f"\n{name}, by source (us/step, launches/step): " + "; ".join(
+                    f"{x['what']} {x['us']:.1f} ({x['launches']:.0f})" for x in r["by_source"][:top]))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = arg_parser("profile", __doc__, "tiny random pair on the CPU (CPU ops instead of GPU kernels)")
+    p.add_argument("--fixture", help="the small code-LM fixture directory")
+    p.add_argument("--pad-script", help="path of the fixture's pad_model.py")
+    p.add_argument("--work", default="/tmp/longspec_bench", help="where the padded pair is written (reused)")
+    p.add_argument("--contexts", default=None, help="prompt lengths (default 16384,32768; --smoke: 40)")
+    p.add_argument("--new-tokens", type=int, default=256, help="planned new tokens (sets the cache capacity)")
+    p.add_argument("--reps", type=int, default=None, help="steps per profiled call (default 20; --smoke: 2)")
+    p.add_argument("--options", default="{}", help='JSON {variant: {xla option: value}} added to the default, '
+                                                   'e.g. \'{"no_cmd_buffers": {"xla_gpu_enable_command_buffer": ""}}\'')
+    args = p.parse_args(argv)
+    args.contexts = [int(x) for x in (args.contexts or ("40" if args.smoke else "16384,32768")).split(",") if x]
+    args.reps = args.reps or (2 if args.smoke else 20)
+    args.options = {"default": {}, **json.loads(args.options)}
+    args.stable_search = 0
+    if not args.smoke and not (args.fixture and args.pad_script):
+        p.error("--fixture and --pad-script are required (or --smoke)")
+    results = run(args)
+    md = markdown(results)
+    write_report(args.out, "bench_profile", results, md)
+    print(md)
+    return 0

@@ -1,0 +1,169 @@
+"""Where a jitted step spends its GPU time: one profiled call of the in-loop timing, read back programmatically.
+
+:func:`profile_loop` runs ``carry = step(carry, *consts)`` ``reps`` times in one jitted ``fori_loop`` (the
+harness's in-loop timing) under ``jax.profiler``, reads the trace's GPU kernel events with
+:class:`jax.profiler.ProfileData`, and attributes each kernel to the HLO instruction that launched it and, through
+that instruction's metadata in the compiled program, to the source line and function that built it. The result:
+per step, the kernels launched, their summed time, the GPU-busy time (overlaps merged) and the wall time, and a
+table of time by source function and by kernel.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import functools
+import glob
+import os
+import re
+import tempfile
+import time
+
+import jax
+
+_METADATA = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=.*?metadata=\{([^}]*)\}')
+_FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
+_TABLE_ROW = re.compile(r'^(\d+)\s+(?:"(.*)"|\{(.*)\})\s*$')
+
+
+def _tables(hlo_text: str) -> dict[str, dict[int, object]]:
+    """The module's FileNames / FunctionNames / FileLocations / StackFrames tables (newer XLA prints source
+    locations once, there, and refers to them by ``stack_frame_id``)."""
+    tables: dict = {}
+    current = None
+    for line in hlo_text.splitlines():
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            current = tables.setdefault(line, {})
+            continue
+        m = _TABLE_ROW.match(line) if current is not None else None
+        if not m:
+            current = None
+            continue
+        current[int(m.group(1))] = m.group(2) if m.group(2) is not None else {
+            k: int(v) for k, v in _FIELD.findall(m.group(3)) if v.lstrip("-").isdigit()}
+    return tables
+
+
+def _frame_names(tables: dict) -> dict[int, str]:
+    """``{stack frame id: "file.py:function < file.py:caller"}``."""
+    files, funcs, locs = (tables.get(k, {}) for k in ("FileNames", "FunctionNames", "FileLocations"))
+    frames = tables.get("StackFrames", {})
+
+    def name(frame_id):
+        loc = locs.get(frames.get(frame_id, {}).get("file_location_id"), {})
+        path = files.get(loc.get("file_name_id"), "?")
+        return f"{'/'.join(path.split('/')[-2:])}:{funcs.get(loc.get('function_name_id'), '?')}"
+
+    out = {}
+    for frame_id, frame in frames.items():
+        parent = frame.get("parent_frame_id", 0) - 1  # printed one above the id (0: no parent)
+        out[frame_id] = name(frame_id) + (f" < {name(parent)}" if parent > 0 else "")
+    return out
+
+
+def hlo_sources(hlo_text: str) -> dict[str, str]:
+    """``{instruction name: "file.py:function < file.py:caller"}`` from the metadata of a compiled program's HLO
+    text (fusions carry their root op's metadata); instructions without a source keep their op name."""
+    frames = _frame_names(_tables(hlo_text))
+    out = {}
+    for line in hlo_text.splitlines():
+        m = _METADATA.match(line)
+        if not m:
+            continue
+        fields = {k: v.strip('"') for k, v in _FIELD.findall(m.group(2))}
+        if fields.get("stack_frame_id", "").isdigit() and int(fields["stack_frame_id"]) in frames:
+            out[m.group(1)] = frames[int(fields["stack_frame_id"])]
+        elif "source_file" in fields:
+            out[m.group(1)] = source_function(fields["source_file"], int(fields.get("source_line", 0)))
+        elif "op_name" in fields:
+            out[m.group(1)] = fields["op_name"].rsplit("/", 1)[-1]
+    return out
+
+
+@functools.cache
+def _function_spans(path: str) -> list[tuple[int, int, str]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    return [(n.lineno, n.end_lineno or n.lineno, n.name) for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def source_function(path: str, line: int) -> str:
+    """``"dir/file.py:function"`` of the innermost function around ``line`` (``:line`` if none is found)."""
+    inner = [(end - start, name) for start, end, name in _function_spans(path) if start <= line <= end]
+    short = "/".join(path.split("/")[-2:])
+    return f"{short}:{min(inner)[1]}" if inner else f"{short}:{line}"
+
+
+def kernel_events(xplane_path: str) -> list[dict]:
+    """Device work of a trace: the kernel and memcpy events of the GPU planes' stream lines, or without a GPU
+    the host's XLA op events (those with an ``hlo_op``). Each: name, hlo_op, start and duration (ns)."""
+    from jax.profiler import ProfileData
+
+    planes = list(ProfileData.from_file(xplane_path).planes)
+    on_gpu = any(p.name.startswith("/device:GPU") for p in planes)
+    events = []
+    for plane in planes:
+        if not plane.name.startswith("/device:GPU" if on_gpu else "/host:CPU"):
+            continue
+        for line in plane.lines:
+            if on_gpu and not line.name.startswith("Stream"):
+                continue
+            for ev in line.events:
+                stats = dict(ev.stats)
+                if on_gpu or "hlo_op" in stats:
+                    events.append(dict(name=ev.name, hlo_op=str(stats.get("hlo_op", "")), start=float(ev.start_ns),
+                                       dur=float(ev.duration_ns)))
+    return events
+
+
+def busy_ns(events: list[dict]) -> float:
+    """Time during which at least one event runs (overlapping events counted once)."""
+    total, end = 0.0, -1.0
+    for ev in sorted(events, key=lambda e: e["start"]):
+        s, e = ev["start"], ev["start"] + ev["dur"]
+        if e > end:
+            total += e - max(s, end)
+            end = e
+    return total
+
+
+def summarize(events: list[dict], sources: dict[str, str], reps: int, wall_s: float, top: int = 25) -> dict:
+    """Per-step numbers and the time tables (microseconds per step)."""
+    by_source: dict = collections.defaultdict(lambda: [0.0, 0])
+    by_kernel: dict = collections.defaultdict(lambda: [0.0, 0])
+    for ev in events:
+        src = sources.get(ev["hlo_op"], ev["hlo_op"] or "(no hlo op)")
+        for table, key in ((by_source, src), (by_kernel, ev["name"][:100])):
+            table[key][0] += ev["dur"]
+            table[key][1] += 1
+
+    def rows(table):
+        ordered = sorted(table.items(), key=lambda kv: -kv[1][0])[:top]
+        return [dict(what=k, us=v[0] / reps / 1e3, launches=v[1] / reps) for k, v in ordered]
+
+    return dict(reps=reps, wall_us=wall_s / reps * 1e6, kernel_sum_us=sum(e["dur"] for e in events) / reps / 1e3,
+                busy_us=busy_ns(events) / reps / 1e3, launches=len(events) / reps,
+                by_source=rows(by_source), by_kernel=rows(by_kernel))
+
+
+def profile_loop(step, carry, consts: tuple, reps: int, compiler_options: dict | None = None):
+    """Compiles the in-loop timing of ``step``, runs it once untraced (warm-up) and once traced; returns the
+    :func:`summarize` dict (wall = the traced call) and the final carry."""
+    runner = jax.jit(lambda c, *k: jax.lax.fori_loop(0, reps, lambda i, x: step(x, *k), c), donate_argnums=0)
+    compiled = runner.lower(carry, *consts).compile(compiler_options or {})
+    carry = compiled(carry, *consts)
+    jax.block_until_ready(carry)
+    with tempfile.TemporaryDirectory() as logdir:
+        jax.profiler.start_trace(logdir)
+        t0 = time.perf_counter()
+        carry = compiled(carry, *consts)
+        jax.block_until_ready(carry)
+        wall_s = time.perf_counter() - t0
+        jax.profiler.stop_trace()
+        paths = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+        events = kernel_events(paths[-1]) if paths else []
+    return summarize(events, hlo_sources(compiled.as_text()), reps, wall_s), carry

@@ -1,0 +1,47 @@
+"""The profile reader: HLO instructions mapped to the Python functions that built them, busy time, and a profiled
+in-loop step on the CPU (host op events stand in for GPU kernels); the profile benchmark's smoke run (slow)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from infer.bench import trace
+
+
+def _inner_matmul(x):
+    return x @ x
+
+
+def _outer(x):
+    return jnp.sin(_inner_matmul(x)).sum() + x
+
+
+def test_hlo_sources_names_function_and_caller():
+    text = jax.jit(_outer).lower(jnp.ones((64, 64))).compile().as_text()
+    sources = trace.hlo_sources(text)
+    assert any(v.startswith("tests/test_bench_trace.py:_inner_matmul < tests/test_bench_trace.py:_outer")
+               for v in sources.values()), sources
+
+
+def test_busy_merges_overlaps():
+    events = [dict(start=0.0, dur=10.0), dict(start=5.0, dur=10.0), dict(start=30.0, dur=5.0)]
+    assert trace.busy_ns(events) == 20.0
+
+
+def test_profile_loop_attributes_time():
+    x = jnp.ones((256, 256)) / 256
+    summary, carry = trace.profile_loop(lambda c: _outer(c) / 1e3, x, (), reps=3)
+    assert carry.shape == x.shape
+    assert summary["reps"] == 3 and summary["launches"] > 0 and summary["wall_us"] > 0
+    assert summary["kernel_sum_us"] > 0 and 0 < summary["busy_us"] <= summary["kernel_sum_us"] + 1e-6
+    assert any("_inner_matmul" in row["what"] for row in summary["by_source"]), summary["by_source"]
+
+
+@pytest.mark.slow
+def test_profile_smoke(tmp_path):
+    from infer.bench.profile import main
+
+    assert main(["--out", str(tmp_path), "--smoke"]) == 0
+    text = (tmp_path / "bench_profile.md").read_text()
+    for phase in ("plain", "draft_step0", "tree_level2", "verify", "round"):
+        assert f"| {phase} |" in text
