@@ -17,6 +17,7 @@ from flax import struct
 
 from longspec_jax.draft import DraftSettings, DraftWeights, draft_log_probs, draft_self_kv
 from longspec_jax.kv_cache import KVCache, RingCache
+from longspec_jax.top_k import top_k
 
 MAX_TREE_NODES = 512
 
@@ -78,12 +79,12 @@ def expand_level(scores_BxP: jax.Array, logp_BxPxV: jax.Array, width: int):
     """Dynamic beam search step: the global top-``width`` of ``score(parent) + logp(parent, token)`` over all
     parents and tokens. Returns local parent indices, tokens and scores, each ``[B, width]``, best first.
 
-    Computed as a per-parent top-``width`` followed by a top-``width`` over those candidates, which selects
-    the same set as one top-k over ``P * V`` values without a full-vocabulary sort per parent pair.
+    Computed as a per-parent top-``width`` (staged over the vocabulary, :mod:`longspec_jax.top_k`) followed by a
+    top-``width`` over those candidates, which selects the same set as one top-k over ``P * V`` values.
     """
     B, P, V = logp_BxPxV.shape
     per_parent = min(width, V)
-    cand_scores, cand_tokens = jax.lax.top_k(scores_BxP[:, :, None] + logp_BxPxV, per_parent)
+    cand_scores, cand_tokens = top_k(scores_BxP[:, :, None] + logp_BxPxV, per_parent)
     best_scores, flat = jax.lax.top_k(cand_scores.reshape(B, P * per_parent), width)
     parents = (flat // per_parent).astype(jnp.int32)
     tokens = jnp.take_along_axis(cand_tokens.reshape(B, P * per_parent), flat, axis=1).astype(jnp.int32)
