@@ -19,8 +19,8 @@ import numpy as np
 from flax import struct
 
 from infer.decoding import DecodeSettings, Progress, StopCriteria, prefill_and_first_token
-from infer.speculative import exact_acceptance, tally_accepted, verify
-from longspec_jax.kv_cache import KVCache, commit
+from infer.speculative import tally_accepted, verify_and_commit
+from longspec_jax.kv_cache import KVCache
 from longspec_jax.tree import Tree, TreeSpec
 
 
@@ -115,10 +115,8 @@ def lookup_round(settings: LookupSettings, target_params, stop: StopCriteria, st
     key, verify_key = jax.random.split(state.key)
     root_B = jnp.take_along_axis(state.history, (state.length - 1)[:, None], axis=1)[:, 0]
     tree = chain_tree(root_B, propose(state.history, state.length, settings.lookup))
-    target_logits_BxNxV, cache = verify(settings, target_params, state.cache, tree)
-    accepted = exact_acceptance(tree, target_logits_BxNxV, verify_key, settings)
     active_B = ~state.progress.done
-    cache = commit(cache, accepted.path_BxA, accepted.count_B, active_B)
+    accepted, cache = verify_and_commit(settings, target_params, state.cache, tree, verify_key, active_B)
     history, length = _append(state.history, state.length, accepted.tokens_BxA, accepted.count_B, active_B)
     return LookupState(cache=cache, history=history, length=length,
                        progress=state.progress.emit(accepted.tokens_BxA, accepted.count_B, stop),

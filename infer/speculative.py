@@ -18,9 +18,9 @@ from flax import struct
 
 from infer.decoding import DecodeSettings, Progress, StopCriteria, prefill_and_first_token
 from longspec_jax.draft import DraftSettings, DraftWeights, draft_prefill, draft_root
-from longspec_jax.kv_cache import KVCache, RingCache, commit
+from longspec_jax.kv_cache import KVCache, RingCache, TreeKV, commit
 from longspec_jax.sampling import select_tokens
-from longspec_jax.target import forward, lm_head_logits
+from longspec_jax.target import forward_tree, lm_head_logits
 from longspec_jax.tree import Acceptance, Tree, TreeSpec, accept, build_tree
 
 
@@ -52,14 +52,24 @@ class SpecState:
     key: jax.Array
 
 
-def verify(settings: SpecSettings, target_params, cache: KVCache, tree: Tree):
+def verify(settings: SpecSettings, target_params, cache: KVCache, tree: Tree) -> tuple[jax.Array, TreeKV]:
     """One target forward over the whole tree with hybrid tree attention; returns the target's float32 logits
-    after every node ``[B, N, V]`` and the cache with the tree's K/V written at slots ``lengths + node index``."""
+    after every node ``[B, N, V]`` and the tree's K/V (the cache is not written: :func:`commit` writes the
+    accepted path)."""
     depths_N = jnp.asarray(settings.tree.node_depths)
     positions_BxN = cache.lengths[:, None] + depths_N[None]
-    hidden_BxNxd, cache = forward(target_params, settings.base.config, tree.tokens, positions_BxN, cache,
-                                  tree.mask, impl=settings.base.impl)
-    return lm_head_logits(target_params, hidden_BxNxd), cache
+    hidden_BxNxd, tree_kv = forward_tree(target_params, settings.base.config, tree.tokens, positions_BxN, cache,
+                                         tree.mask, impl=settings.base.impl)
+    return lm_head_logits(target_params, hidden_BxNxd), tree_kv
+
+
+def verify_and_commit(settings, target_params, cache: KVCache, tree: Tree, key, active_B,
+                      acceptance: Callable = exact_acceptance) -> tuple[Acceptance, KVCache]:
+    """Verifies the tree, accepts (``acceptance(tree, logits, key, settings)``), and commits the accepted path
+    of the active rows."""
+    target_logits_BxNxV, tree_kv = verify(settings, target_params, cache, tree)
+    accepted = acceptance(tree, target_logits_BxNxV, key, settings)
+    return accepted, commit(cache, tree_kv, accepted.path_BxA, accepted.count_B, active_B)
 
 
 def tally_accepted(accept_counts_BxA: jax.Array, count_B: jax.Array, active_B: jax.Array) -> jax.Array:
@@ -76,10 +86,9 @@ def spec_round(settings: SpecSettings, target_params, weights: DraftWeights, sto
     root_B = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)[:, 0]
     tree = build_tree(settings.tree, settings.draft, weights, target_params, state.cache, ring, root_B,
                       logp_root_BxV)
-    target_logits_BxNxV, cache = verify(settings, target_params, state.cache, tree)
-    accepted = settings.acceptance(tree, target_logits_BxNxV, verify_key, settings)
     active_B = ~state.progress.done
-    cache = commit(cache, accepted.path_BxA, accepted.count_B, active_B)
+    accepted, cache = verify_and_commit(settings, target_params, state.cache, tree, verify_key, active_B,
+                                        settings.acceptance)
     progress = state.progress.emit(accepted.tokens_BxA, accepted.count_B, stop)
     return SpecState(cache=cache, ring=ring,
                      pending=jnp.where(active_B[:, None], accepted.tokens_BxA, state.pending),

@@ -158,8 +158,11 @@ def hybrid_tree_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len
         return naive_tree_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B,
                                     k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, scale)
     cache_half = _cache_half(impl, q_BxMxHxD, k_cache_BxSxKxD)
-    o_cache, lse_cache = cache_half(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B, scale=scale)
     o_new, lse_new = _tree_half(impl)(q_BxMxHxD, k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, scale=scale)
+    if cache_half is cudnn_cache_attention:  # one float32 merge of the cache chunks and the tree half
+        return cache_half(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B, scale=scale,
+                          extra=(o_new, lse_new))
+    o_cache, lse_cache = cache_half(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B, scale=scale)
     return merge_attention(o_cache, lse_cache, o_new, lse_new)
 
 

@@ -102,13 +102,15 @@ def repeat_per_chunk(q_BxTxKxD, splits: int):
 
 @functools.partial(jax.jit, static_argnames=("scale", "num_splits", "chunk_attention"))
 def cudnn_cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, *, scale=None,
-                          num_splits: int | None = None, chunk_attention=cudnn_chunk_attention):
+                          num_splits: int | None = None, chunk_attention=cudnn_chunk_attention, extra=None):
     """Every query attends to cache slots ``[0, lengths[b])`` (the contract of
     :func:`pallas.reference.cache_attention_reference`). Returns ``(o_BxMxHxD in q.dtype, lse_BxMxH float32)``.
 
     num_splits: chunks of the cache (must divide S; default :func:`default_num_splits`).
     chunk_attention: the per-chunk flash kernel, ``(q [N,T,K,D], k [N,C,K,D], v, lengths [N], scale) ->
       (o [N,T,K,D], lse [N,T,K] float32)``.
+    extra: ``(o_BxMxHxD, lse_BxMxH)`` of another, disjoint key set (e.g. the tree half), merged in the same
+      float32 merge as the chunks: the result is then attention over the cache and that set.
     """
     check_cache_operands("cudnn_cache_attention", q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B)
     B, M, H, D = q_BxMxHxD.shape
@@ -133,6 +135,10 @@ def cudnn_cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B
     o_NxTxKxD = jnp.where(has_keys[..., None], o_NxTxKxD, 0)
     o_PxBxTxKxD = o_NxTxKxD.reshape(B, splits, M * G, K, D).swapaxes(0, 1)
     lse_PxBxTxK = lse_NxTxK.reshape(B, splits, M * G, K).swapaxes(0, 1)
+    if extra is not None:
+        o_extra, lse_extra = fold_group(extra[0], K), fold_group(extra[1][..., None], K)[..., 0]
+        o_PxBxTxKxD = jnp.concatenate([o_PxBxTxKxD, o_extra[None].astype(o_PxBxTxKxD.dtype)])
+        lse_PxBxTxK = jnp.concatenate([lse_PxBxTxK, lse_extra[None].astype(jnp.float32)])
     o, lse = merge_partials(o_PxBxTxKxD, lse_PxBxTxK)  # [B, T, K, D], [B, T, K]
     o_BxMxHxD = o.reshape(B, M, G, K, D).swapaxes(2, 3).reshape(B, M, H, D)
     lse_BxMxH = lse.reshape(B, M, G, K).swapaxes(2, 3).reshape(B, M, H)

@@ -47,19 +47,25 @@ def write_rows(buffer_BxSxKxD: jax.Array, new_BxTxKxD: jax.Array, start_B: jax.A
     return jax.vmap(write_one)(buffer_BxSxKxD, new_BxTxKxD, start_B)
 
 
-def compact_path(buffer_BxSxKxD, path_BxA, root_B):
-    """Copies the rows at slots ``root + path[j]`` to slots ``root + j`` (accepted tree nodes made consecutive)."""
-    src_BxAx1x1 = (root_B[:, None] + path_BxA)[:, :, None, None]
-    return write_rows(buffer_BxSxKxD, jnp.take_along_axis(buffer_BxSxKxD, src_BxAx1x1, axis=1), root_B)
+@struct.dataclass
+class TreeKV:
+    """The K/V a verification pass computed for the tree's nodes, not yet in the cache: ``k[l], v[l]:
+    [B, N, K, D]`` for layer l. Only the accepted path is written (:func:`commit`)."""
+
+    k: tuple
+    v: tuple
 
 
-def commit(cache: KVCache, path_BxA, count_B, active_B) -> KVCache:
-    """After verification wrote the tree's K/V at slots ``lengths + node index``: moves the accepted nodes' K/V
-    (every layer) to consecutive slots after the root's, and commits the root and the accepted nodes of active
-    sequences."""
+def commit(cache: KVCache, tree_kv: TreeKV, path_BxA, count_B, active_B) -> KVCache:
+    """Writes the accepted path's K/V (tree nodes ``path[j]``, every layer) to slots ``lengths + j`` and commits
+    the root and the accepted nodes of active sequences. Rows past a sequence's count land beyond its new
+    length, where attention never reads them as cache."""
     root_B = cache.lengths
-    return cache.replace(k=tuple(compact_path(b, path_BxA, root_B) for b in cache.k),
-                         v=tuple(compact_path(b, path_BxA, root_B) for b in cache.v),
+
+    def write_path(buffer_BxSxKxD, new_BxNxKxD):
+        return write_rows(buffer_BxSxKxD, jnp.take_along_axis(new_BxNxKxD, path_BxA[:, :, None, None], axis=1), root_B)
+
+    return cache.replace(k=tuple(map(write_path, cache.k, tree_kv.k)), v=tuple(map(write_path, cache.v, tree_kv.v)),
                          lengths=jnp.where(active_B, root_B + count_B, root_B))
 
 

@@ -13,6 +13,7 @@ cache through ``lax.scan`` outputs rewrites the whole cache every token (archite
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 
 from longspec_jax.attention import causal_attention, hybrid_tree_attention
 from longspec_jax.config import TargetConfig
-from longspec_jax.kv_cache import KVCache, write_rows
+from longspec_jax.kv_cache import KVCache, TreeKV, write_rows
 from longspec_jax.layers import linear, rms_norm
 from longspec_jax.rope import apply_rope, inverse_frequencies, rope_tables
 
@@ -92,25 +93,24 @@ def lm_head_logits(params: dict, hidden_BxTxD: jax.Array) -> jax.Array:
 
 
 def _qkv(layer: dict, config: TargetConfig, x_BxTxd, cos_BxTxD, sin_BxTxD):
-    """Roped queries ``[B, T, H, Dh]`` and keys, and values ``[B, T, K, Dh]`` of one layer."""
+    """Roped queries ``[B, T, H, Dh]`` and keys, and values ``[B, T, K, Dh]`` of one layer (queries and keys
+    roped together: one fused op)."""
     B, T, _ = x_BxTxd.shape
     H, K, hd = config.num_heads, config.num_kv_heads, config.head_dim
     qkv_BxTxF = linear(x_BxTxd, layer["wqkv"], layer.get("bqkv"))
-    q_BxTxHxD = qkv_BxTxF[..., :H * hd].reshape(B, T, H, hd)
-    k_BxTxKxD = qkv_BxTxF[..., H * hd:(H + K) * hd].reshape(B, T, K, hd)
+    qk_BxTxHKxD = apply_rope(qkv_BxTxF[..., :(H + K) * hd].reshape(B, T, H + K, hd), cos_BxTxD, sin_BxTxD)
     v_BxTxKxD = qkv_BxTxF[..., (H + K) * hd:].reshape(B, T, K, hd)
-    return apply_rope(q_BxTxHxD, cos_BxTxD, sin_BxTxD), apply_rope(k_BxTxKxD, cos_BxTxD, sin_BxTxD), v_BxTxKxD
+    return qk_BxTxHKxD[:, :, :H], qk_BxTxHKxD[:, :, H:], v_BxTxKxD
 
 
 def _attention_block(layer: dict, config: TargetConfig, x_BxTxd, cos_BxTxD, sin_BxTxD, k_cache_BxSxKxD,
                      v_cache_BxSxKxD, lengths_B, new_mask_BxTxT, impl: str):
+    """The attention sublayer's output and the new tokens' K/V (not written to the cache)."""
     B, T, _ = x_BxTxd.shape
     q_BxTxHxD, k_BxTxKxD, v_BxTxKxD = _qkv(layer, config, x_BxTxd, cos_BxTxD, sin_BxTxD)
     o_BxTxHxD, _ = hybrid_tree_attention(q_BxTxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, k_BxTxKxD,
                                          v_BxTxKxD, new_mask_BxTxT, impl=impl)
-    out_BxTxd = linear(o_BxTxHxD.reshape(B, T, -1), layer["wo"], layer.get("bo"))
-    return (out_BxTxd, write_rows(k_cache_BxSxKxD, k_BxTxKxD, lengths_B),
-            write_rows(v_cache_BxSxKxD, v_BxTxKxD, lengths_B))
+    return linear(o_BxTxHxD.reshape(B, T, -1), layer["wo"], layer.get("bo")), k_BxTxKxD, v_BxTxKxD
 
 
 def _mlp_block(layer: dict, config: TargetConfig, x_BxTxd):
@@ -120,13 +120,13 @@ def _mlp_block(layer: dict, config: TargetConfig, x_BxTxd):
                   layer.get("b_down"))
 
 
-def forward(params: dict, config: TargetConfig, tokens_BxT: jax.Array, positions_BxT: jax.Array,
-            cache: KVCache, new_mask_BxTxT: jax.Array, *, impl: str = "auto") -> tuple[jax.Array, KVCache]:
-    """Runs T new tokens through every layer.
+def forward_tree(params: dict, config: TargetConfig, tokens_BxT: jax.Array, positions_BxT: jax.Array,
+                 cache: KVCache, new_mask_BxTxT: jax.Array, *, impl: str = "auto") -> tuple[jax.Array, TreeKV]:
+    """Runs T new tokens through every layer without writing the cache.
 
     Token t of row b attends to the committed cache slots ``[0, cache.lengths[b])`` and to the new tokens its
-    row of ``new_mask`` allows. Its K/V are written at slot ``cache.lengths[b] + t`` in every layer; the
-    lengths are not advanced (the caller commits). Returns the final-normed hidden states ``[B, T, d]``.
+    row of ``new_mask`` allows. Returns the final-normed hidden states ``[B, T, d]`` and the new tokens' K/V of
+    every layer (a speculative round commits only the accepted ones).
     """
     cos_BxTxD, sin_BxTxD = rope_tables(positions_BxT, inverse_frequencies(config.rope, config.head_dim))
     x_BxTxd = embed_tokens(params, tokens_BxT)
@@ -140,7 +140,16 @@ def forward(params: dict, config: TargetConfig, tokens_BxT: jax.Array, positions
         new_k.append(k_i)
         new_v.append(v_i)
     hidden_BxTxd = rms_norm(x_BxTxd, params["final_norm"], config.rms_norm_eps)
-    return hidden_BxTxd, cache.replace(k=tuple(new_k), v=tuple(new_v))
+    return hidden_BxTxd, TreeKV(k=tuple(new_k), v=tuple(new_v))
+
+
+def forward(params: dict, config: TargetConfig, tokens_BxT: jax.Array, positions_BxT: jax.Array,
+            cache: KVCache, new_mask_BxTxT: jax.Array, *, impl: str = "auto") -> tuple[jax.Array, KVCache]:
+    """:func:`forward_tree`, then the new tokens' K/V written at slots ``cache.lengths[b] + t`` in every layer;
+    the lengths are not advanced (the caller commits). Returns the hidden states and the cache."""
+    hidden_BxTxd, new = forward_tree(params, config, tokens_BxT, positions_BxT, cache, new_mask_BxTxT, impl=impl)
+    write = functools.partial(write_rows, start_B=cache.lengths)
+    return hidden_BxTxd, cache.replace(k=tuple(map(write, cache.k, new.k)), v=tuple(map(write, cache.v, new.v)))
 
 
 def causal_forward(params: dict, config: TargetConfig, tokens_BxT: jax.Array, positions_BxT: jax.Array, *,

@@ -68,6 +68,21 @@ def test_cudnn_cache_matches_reference(case):
     _assert_close(o, lse, ref_o, ref_lse, dtype)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_extra_partial_merged_with_the_chunks_is_hybrid_attention(dtype):
+    """The tree half passed as ``extra`` goes into the chunks' one float32 merge: cache half + tree half."""
+    B, M, S, H, K, D = 2, 6, 256, 8, 2, 64
+    q, k, v, lens = _inputs(B, M, S, H, K, D, dtype, [200, 0])
+    k_new, v_new = k[:, -M:], v[:, -M:]
+    mask = jnp.asarray(np.tril(np.ones((M, M), bool)))[None].repeat(B, 0)
+    tree = attention.masked_attention_reference(q, k_new, v_new, mask)
+    o, lse = cudnn_cache_attention(q, k, v, lens, num_splits=4, chunk_attention=reference_chunk_attention,
+                                   extra=tree)
+    assert o.dtype == q.dtype and lse.shape == (B, M, H)
+    ref_o, ref_lse = attention.naive_tree_attention(q, k, v, lens, k_new, v_new, mask)
+    _assert_close(o, lse, ref_o, ref_lse, dtype)
+
+
 def test_cudnn_cache_never_reads_beyond_length():
     """NaN in every slot at or beyond the valid length (a chunk past it included) must not reach the output."""
     B, M, S, H, K, D = 3, 4, 256, 8, 2, 64
@@ -130,14 +145,14 @@ def test_cudnn_supports():
 
 def test_gpu_impl_picks_cache_half_by_rows_and_dtype(monkeypatch):
     rows = attention.CUDNN_MIN_ROWS
+    monkeypatch.setattr(attention.jax, "default_backend", lambda: "cpu")
     assert not attention.use_cudnn_cache_half(rows, 32, 8, jnp.bfloat16, jnp.bfloat16, 128)  # CPU: no cuDNN
+    assert attention.resolve_impl("auto") == "xla"
     monkeypatch.setattr(attention.jax, "default_backend", lambda: "gpu")
     assert attention.use_cudnn_cache_half(rows // 4, 32, 8, jnp.bfloat16, jnp.bfloat16, 128)
     assert not attention.use_cudnn_cache_half(rows // 4 - 1, 32, 8, jnp.bfloat16, jnp.bfloat16, 128)
     assert not attention.use_cudnn_cache_half(1, 32, 8, jnp.bfloat16, jnp.bfloat16, 128)  # decode
     assert not attention.use_cudnn_cache_half(512, 32, 8, jnp.float32, jnp.float32, 128)  # cuDNN: no float32
-    monkeypatch.undo()
-    assert attention.resolve_impl("auto") == "xla"  # CPU
     with pytest.raises(ValueError, match="unknown attention impl 'flash'"):
         attention.resolve_impl("flash")
 
@@ -157,6 +172,7 @@ def test_gpu_impl_off_a_gpu_runs_the_pallas_halves(dtype):
 
 def test_cudnn_impl_rejects_what_cudnn_cannot_run_by_name(monkeypatch):
     q, k, v, lens = _inputs(1, 2, 128, 4, 2, 64, jnp.float32, [128])
+    monkeypatch.setattr(attention.jax, "default_backend", lambda: "cpu")
     with pytest.raises(ValueError, match="impl='cudnn' needs a CUDA GPU"):
         attention.cache_attention(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), lens,
                                   impl="cudnn")

@@ -23,6 +23,7 @@ import numpy as np
 
 from infer.bench.harness import arg_parser, log, md_header, md_row, write_report
 from infer.bench.spec import TREE, load_pair
+from infer.bench.spec_phases import after
 from infer.bench.trace import profile_loop
 from infer.decoding import StopCriteria
 from infer.generate import pad_prompts, plan_speculative
@@ -51,8 +52,8 @@ def phase_steps(settings, stop):
             return grow_tree(spec, ds, d, p, cache, ring, builder, k)
         return grow
 
-    def verify_step(carry, p, tree):
-        return verify(settings, p, carry[1], tree)
+    def verify_step(carry, p, cache, tree):
+        return verify(settings, p, after(cache, carry[0]), tree)
 
     def round_step(st, p, d):
         return spec_round(settings, p, d, stop, st)
@@ -69,7 +70,6 @@ def profile_context(settings, stop, tparams, weights, tokens, lengths, reps: int
     out: dict = {}
     for variant, opts in options.items():
         state = start(tparams, weights, tokens, lengths, jax.random.PRNGKey(0))
-        B, N, V = tokens.shape[0], spec.num_nodes, settings.base.config.vocab_size
         root_B = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)[:, 0]
         logp_root_BxV, ring = draft_root(ds, weights, tparams, state.cache, state.ring, state.pending,
                                          state.num_pending)
@@ -79,7 +79,8 @@ def profile_context(settings, stop, tparams, weights, tokens, lengths, reps: int
             levels.append(grow_tree(spec, ds, weights, tparams, state.cache, ring, levels[-1], k))
         plans = dict(plain=lambda: ((state.pending[:, 0], state.cache), (tparams,)),
                      draft_step0=lambda: ((state, logp_root_BxV), (tparams, weights)),
-                     verify=lambda: ((jnp.zeros((B, N, V), jnp.float32), state.cache), (tparams, levels[-1].tree)),
+                     verify=lambda: (verify(settings, tparams, state.cache, levels[-1].tree),
+                                     (tparams, state.cache, levels[-1].tree)),
                      round=lambda: (state, (tparams, weights)))
         for k in range(1, spec.depth):
             plans[f"tree_level{k + 1}"] = functools.partial(lambda k: (levels[k - 1], (tparams, weights, state.cache,
@@ -94,7 +95,7 @@ def profile_context(settings, stop, tparams, weights, tokens, lengths, reps: int
                 rows[name] = dict(error=f"{type(e).__name__}: {e}"[:800])
                 log(f"{variant} {name}: {rows[name]['error']}")
                 continue
-            if name in ("plain", "verify", "round", "draft_step0"):  # the carry holds the (donated) cache
+            if name in ("plain", "round", "draft_step0"):  # the carry held the (donated) cache
                 state = start(tparams, weights, tokens, lengths, jax.random.PRNGKey(0))
             r = rows[name]
             log(f"{variant} {name}: wall {r['wall_us']:.1f} us/step, busy {r['busy_us']:.1f}, kernels "

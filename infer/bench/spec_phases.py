@@ -20,7 +20,7 @@ import numpy as np
 from infer.bench.harness import time_loop
 from infer.speculative import SpecSettings, exact_acceptance, spec_round, verify
 from longspec_jax.draft import draft_prefill, draft_root
-from longspec_jax.kv_cache import KVCache, commit, compact_path
+from longspec_jax.kv_cache import KVCache, TreeKV, commit
 from longspec_jax.tree import Tree, TreeSpec, grow_tree, start_tree
 
 
@@ -30,12 +30,17 @@ def loop_time(step, carry, consts, reps: int):
     return t.per_step_s, carry
 
 
-def last_layer_commit(cache: KVCache, path_BxA, count_B, active_B) -> KVCache:
-    """The reference's alternative: compact only the last layer (the others recompute next round)."""
-    root_B = cache.lengths
-    k, v = list(cache.k), list(cache.v)
-    k[-1], v[-1] = compact_path(k[-1], path_BxA, root_B), compact_path(v[-1], path_BxA, root_B)
-    return cache.replace(k=tuple(k), v=tuple(v), lengths=jnp.where(active_B, root_B + count_B, root_B))
+def after(cache: KVCache, carry_leaf: jax.Array) -> KVCache:
+    """``cache`` made to depend on a loop carry (its lengths plus 0 unless the carry holds a NaN), so a step that
+    only reads the cache cannot be hoisted out of the timing loop."""
+    return cache.replace(lengths=cache.lengths + jnp.isnan(carry_leaf.sum()).astype(jnp.int32))
+
+
+def last_layer_commit(cache: KVCache, tree_kv: TreeKV, path_BxA, count_B, active_B) -> KVCache:
+    """The reference's alternative: commit only the last layer's K/V (the others recompute next round)."""
+    last = commit(KVCache(k=cache.k[-1:], v=cache.v[-1:], lengths=cache.lengths),
+                  TreeKV(k=tree_kv.k[-1:], v=tree_kv.v[-1:]), path_BxA, count_B, active_B)
+    return cache.replace(k=cache.k[:-1] + last.k, v=cache.v[:-1] + last.v, lengths=last.lengths)
 
 
 def recompute_settings(settings: SpecSettings, B: int) -> tuple[SpecSettings, Tree]:
@@ -85,14 +90,11 @@ def phase_times(settings: SpecSettings, tparams, weights, tokens, lengths, stop,
     cache = state.cache
     del state
 
-    def verify_step(carry, p, t, s=settings):
-        return verify(s, p, carry[1], t)
+    def verify_step(carry, p, c, t, s=settings):
+        return verify(s, p, after(c, carry[0]), t)
 
-    zeros_BxNxV = jnp.zeros((B, spec.num_nodes, V), jnp.float32)
     alt_settings, alt_tree = recompute_settings(settings, B)
-    alt_zeros = jnp.zeros((B, alt_settings.tree.num_nodes, V), jnp.float32)
-    _, (logits_BxNxV, cache) = loop_time(verify_step, (zeros_BxNxV, cache), (tparams, tree), 1)
-    zeros_BxNxV = jnp.zeros_like(logits_BxNxV)
+    _, (logits_BxNxV, tree_kv) = loop_time(verify_step, verify(settings, tparams, cache, tree), (tparams, cache, tree), 1)
     acc = exact_acceptance(tree, logits_BxNxV, key, settings)
 
     def accept_step(acc_carry, t, lg, k):
@@ -102,19 +104,21 @@ def phase_times(settings: SpecSettings, tparams, weights, tokens, lengths, stop,
     inactive_B = jnp.zeros((B,), bool)  # commit without advancing the lengths, so it can repeat
     samples: dict = {k: [] for k in ("verify", "verify_with_recompute", "commit_all_layers", "commit_last_layer")}
     verify_alt = functools.partial(verify_step, s=alt_settings)
-    commit_args = (acc.path_BxA, acc.count_B, inactive_B)
+    alt = verify(alt_settings, tparams, cache, alt_tree)
+    commit_args = (tree_kv, acc.path_BxA, acc.count_B, inactive_B)
     for _ in range(commit_repeats):  # carries are donated: keep the returned ones
-        t, (zeros_BxNxV, cache) = loop_time(verify_step, (zeros_BxNxV, cache), (tparams, tree), reps)
+        t, (logits_BxNxV, tree_kv) = loop_time(verify_step, (logits_BxNxV, tree_kv), (tparams, cache, tree), reps)
         samples["verify"].append(t)
-        t, (alt_zeros, cache) = loop_time(verify_alt, (alt_zeros, cache), (tparams, alt_tree), reps)
+        t, alt = loop_time(verify_alt, alt, (tparams, cache, alt_tree), reps)
         samples["verify_with_recompute"].append(t)
+        commit_args = (tree_kv,) + commit_args[1:]
         for name, fn in (("commit_all_layers", commit), ("commit_last_layer", last_layer_commit)):
             t, cache = loop_time(fn, cache, commit_args, reps)
             samples[name].append(t)
     for name, ts in samples.items():
         phases[name] = statistics.median(ts)
     phases["samples"] = samples
-    del cache, logits_BxNxV, zeros_BxNxV, alt_zeros
+    del cache, logits_BxNxV, tree_kv, alt
     state = start_fn(tparams, weights, tokens, lengths, key)
     phases["full_round"], state = loop_time(lambda st, p, d: spec_round(settings, p, d, stop, st), state,
                                             (tparams, weights), reps)
