@@ -99,6 +99,8 @@ def target_shardings(params: dict, config: TargetConfig, mesh: Mesh) -> dict:
 def shard_target(target: Target, mesh: Mesh) -> Target:
     """An in-memory target (e.g. random weights for tests and benchmarks) grouped and placed on ``mesh``; loading
     from files with ``load_target(path, mesh=mesh)`` does this without a host copy."""
+    if target.mesh is not None:
+        raise ValueError("this target is already sharded over a mesh; build or load it again to shard it anew")
     check_mesh(target.config, mesh)
     params = group_params(target.params, target.config, model_size(mesh))
     params = jax.device_put(params, target_shardings(params, target.config, mesh))

@@ -137,15 +137,23 @@ def case_speculative() -> None:
 
 
 def case_lookup_and_sampling() -> None:
-    """Prompt lookup, T > 0 sampling (same draws: the random bits do not depend on the sharding) and the Pallas
-    kernels (interpret mode) under shard_map, on mesh 4x2."""
+    """Prompt lookup, T > 0 sampling (same draws: the random bits do not depend on the sharding), the Pallas
+    kernels (interpret mode) under shard_map and streaming (ordered host callbacks), on mesh 4x2."""
     target = tp_target()
     sharded = shard_target(target, mesh_of("4x2"))
+    streamed = []
     for kwargs in (dict(draft=PromptLookup(num_tokens=4)), dict(temperature=0.8, top_p=0.9, seed=3),
-                   dict(attention="pallas")):
+                   dict(attention="pallas"), dict(on_tokens=lambda tokens, emitted: streamed.append(tokens))):
         ref = generate(target, PROMPTS, max_new_tokens=MAX_NEW, eos_token_id=[], **kwargs)
         out = generate(sharded, PROMPTS, max_new_tokens=MAX_NEW, eos_token_id=[], **kwargs)
         np.testing.assert_array_equal(out.tokens, ref.tokens, err_msg=str(kwargs))
+    np.testing.assert_array_equal(np.stack(streamed[MAX_NEW:], axis=1), out.tokens)  # the sharded call's steps
+    try:
+        shard_target(sharded, mesh_of("2x1"))
+    except ValueError as e:
+        assert "already sharded" in str(e), e
+    else:
+        raise AssertionError("sharding a sharded target did not raise")
 
 
 def case_loading(tmp: str) -> None:
