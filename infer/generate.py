@@ -3,6 +3,7 @@ or speculative), and the outputs."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Sequence
@@ -17,8 +18,10 @@ from infer.plain import plain_generate
 from infer.speculative import SpecSettings, speculative_generate
 from longspec_jax.attention import resolve_impl
 from longspec_jax.draft import Draft
+from longspec_jax.mesh import DATA
 from longspec_jax.sampling import SamplingConfig
 from longspec_jax.target import Target
+from longspec_jax.tensor_parallel import shard_draft
 from longspec_jax.tree import TreeSpec
 from pallas.sizes import next_pow2, round_up
 
@@ -120,6 +123,12 @@ def _stream_to_sink(tokens_B, emitted_B) -> None:
     _stream_sinks[-1](np.asarray(tokens_B), np.asarray(emitted_B))
 
 
+def on_mesh(mesh):
+    """The context a compiled loop runs in: the target's mesh (sharded decoding, :mod:`longspec_jax.mesh`), or
+    none on one device."""
+    return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
+
+
 def _replay(out: "GenerateOutput", on_tokens) -> None:
     for step in range(int(out.num_generated.max(initial=0))):
         on_tokens(out.tokens[:, step], step < out.num_generated)
@@ -146,6 +155,8 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
     prompts of different lengths up to it share one compiled program (prefill then also runs over the padding).
     ``reproducible``: compile with :data:`REPRODUCIBLE_OPTIONS`, so that every process gives the same tokens on
     the same GPU model and software stack; ``False`` lets XLA autotune kernels by timing them.
+    A target with a ``mesh`` (``load_target(path, mesh=...)``) decodes sharded over it, the draft placed the
+    same way; the batch must split over the mesh's ``data`` axis.
     """
     config = target.config
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens <= 0:
@@ -167,6 +178,12 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
         longest = max(longest, int(pad_prompts_to))
     if on_tokens is not None and not callable(on_tokens):
         raise ValueError(f"on_tokens must be callable or None, got {type(on_tokens).__name__}")
+    if target.mesh is not None:
+        if len(prompts) % target.mesh.shape[DATA]:
+            raise ValueError(f"a batch of {len(prompts)} prompts does not split over the mesh's data axis of "
+                             f"{target.mesh.shape[DATA]} devices")
+        if isinstance(draft, Draft):
+            draft = shard_draft(draft, target.mesh)
     if isinstance(draft, PromptLookup):
         settings = plan_lookup(target, draft, longest, max_new_tokens, sampling, prefill_chunk,
                                resolve_impl(attention))
@@ -185,12 +202,14 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
     tokens, lengths = pad_prompts(prompts, padded)
     plain_jit = _compiled("plain", _options(reproducible))
     if on_tokens is None:
-        progress = plain_jit(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings)
+        with on_mesh(target.mesh):
+            progress = plain_jit(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings)
         return to_output(progress, max_new_tokens)
     _stream_sinks.append(on_tokens)
     try:
-        progress = plain_jit(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings,
-                             on_tokens=_stream_to_sink)
+        with on_mesh(target.mesh):
+            progress = plain_jit(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings,
+                                 on_tokens=_stream_to_sink)
         out = to_output(progress, max_new_tokens)
         jax.effects_barrier()
     finally:
@@ -237,17 +256,18 @@ def plan_speculative(target, draft: Draft, longest_prompt: int, max_new_tokens: 
 def run_speculative(settings: SpecSettings, target, draft: Draft, prompts, max_new_tokens: int, stop,
                     seed: int, reproducible: bool = True) -> GenerateOutput:
     """Runs the compiled speculative loop and converts its state to a ``GenerateOutput``."""
-    return _run_rounds("speculative", settings, (target.params, draft.weights), prompts, max_new_tokens, stop, seed,
+    return _run_rounds("speculative", settings, target, (draft.weights,), prompts, max_new_tokens, stop, seed,
                        reproducible)
 
 
-def _run_rounds(loop: str, settings, params: tuple, prompts, max_new_tokens: int, stop, seed: int,
+def _run_rounds(loop: str, settings, target, extra: tuple, prompts, max_new_tokens: int, stop, seed: int,
                 reproducible: bool) -> GenerateOutput:
-    """Pads the prompts, runs the compiled speculative or prompt-lookup ``loop`` on ``params`` and returns its
-    output with the acceptance counts."""
+    """Pads the prompts, runs the compiled speculative or prompt-lookup ``loop`` on the target's parameters (and
+    ``extra`` inputs) on its mesh, and returns its output with the acceptance counts."""
     tokens, lengths = pad_prompts(prompts, settings.base.prompt_len)
-    state = _compiled(loop, _options(reproducible))(*params, tokens, lengths, stop, jax.random.PRNGKey(seed),
-                                                    settings=settings)
+    with on_mesh(target.mesh):
+        state = _compiled(loop, _options(reproducible))(target.params, *extra, tokens, lengths, stop,
+                                                        jax.random.PRNGKey(seed), settings=settings)
     out = to_output(state.progress, max_new_tokens)
     out.accept_counts = np.asarray(state.accept_counts)
     return out
@@ -267,4 +287,4 @@ def plan_lookup(target, lookup: PromptLookup, longest_prompt: int, max_new_token
 def run_lookup(settings: LookupSettings, target, prompts, max_new_tokens: int, stop, seed: int,
                reproducible: bool = True) -> GenerateOutput:
     """Runs the compiled prompt-lookup loop and converts its state to a ``GenerateOutput``."""
-    return _run_rounds("lookup", settings, (target.params,), prompts, max_new_tokens, stop, seed, reproducible)
+    return _run_rounds("lookup", settings, target, (), prompts, max_new_tokens, stop, seed, reproducible)

@@ -4,14 +4,20 @@ Layouts: queries ``q_BxMxHxD``; the KV cache ``[B, S, K, D]`` (S slots, K kv hea
 valid length ``lengths_B``; new (speculative) keys ``[B, N, K, D]`` with a boolean ``mask_BxMxN`` saying which
 new keys each query may see. Query head ``h`` reads kv head ``h // (H // K)``. All LSEs are float32 natural
 logs of the sum of ``exp(scale * q.k)``; an empty key set gives output 0 and LSE ``-inf``.
+
+Under a tensor-parallel mesh (:mod:`longspec_jax.mesh`) the decoding entry points (cache, hybrid tree and
+windowed ring attention) run per shard: each device attends with its own rows and heads.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 
 from longspec_jax.cudnn_cache import cudnn_cache_attention, cudnn_supports
+from longspec_jax.mesh import HEAD_LSE, HEADS, ROWS, per_shard
 from pallas import cache_attention as pallas_cache_attention
 from pallas import tree_attention
 from pallas.reference import cache_attention_reference, default_scale, masked_attention_reference, merge_partials
@@ -139,7 +145,12 @@ def _cache_half(impl: str, q_BxMxHxD, k_cache_BxSxKxD):
 
 def cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, *, scale=None, impl: str = "auto"):
     """Every query attends to cache slots ``[0, lengths[b])``. Returns ``(o, lse)``."""
-    impl = resolve_impl(impl)
+    fn = per_shard(functools.partial(_cache_attention, scale=scale, impl=resolve_impl(impl)),
+                   (HEADS, HEADS, HEADS, ROWS), (HEADS, HEAD_LSE))
+    return fn(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B)
+
+
+def _cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, *, scale, impl: str):
     if impl == "naive":
         return cache_attention_reference(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, scale)
     cache_half = _cache_half(impl, q_BxMxHxD, k_cache_BxSxKxD)
@@ -153,7 +164,13 @@ def hybrid_tree_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len
     cache half (``[0, cache_len)``) + speculative half (new keys, masked), merged by float32 LSE.
     Returns ``(o_BxMxHxD, lse_BxMxH)``.
     """
-    impl = resolve_impl(impl)
+    fn = per_shard(functools.partial(_hybrid_tree_attention, scale=scale, impl=resolve_impl(impl)),
+                   (HEADS, HEADS, HEADS, ROWS, HEADS, HEADS, ROWS), (HEADS, HEAD_LSE))
+    return fn(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B, k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN)
+
+
+def _hybrid_tree_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B, k_new_BxNxKxD,
+                           v_new_BxNxKxD, mask_BxMxN, *, scale, impl: str):
     if impl == "naive":
         return naive_tree_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B,
                                     k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, scale)
@@ -173,7 +190,14 @@ def windowed_ring_attention(q_BxMxHxD, q_pos_BxM, ring_k_BxRxKxD, ring_v_BxRxKxD
 
     The ring is at most a few hundred slots, so its half is a dense masked attention.
     """
-    impl = resolve_impl(impl)
+    fn = per_shard(functools.partial(_windowed_ring_attention, window=window, scale=scale, impl=resolve_impl(impl)),
+                   (HEADS, ROWS, HEADS, HEADS, ROWS, HEADS, HEADS, ROWS), (HEADS, HEAD_LSE))
+    return fn(q_BxMxHxD, q_pos_BxM, ring_k_BxRxKxD, ring_v_BxRxKxD, ring_pos_BxR, k_new_BxNxKxD, v_new_BxNxKxD,
+              mask_BxMxN)
+
+
+def _windowed_ring_attention(q_BxMxHxD, q_pos_BxM, ring_k_BxRxKxD, ring_v_BxRxKxD, ring_pos_BxR, k_new_BxNxKxD,
+                             v_new_BxNxKxD, mask_BxMxN, *, window: int, scale, impl: str):
     rp = ring_pos_BxR[:, None, :]
     qp = q_pos_BxM[:, :, None]
     ring_mask = (rp >= 0) & (rp >= qp - window) & (rp < qp)

@@ -1,11 +1,14 @@
 """Caches: the target's fixed-capacity KV cache (one K and one V array per layer, per-sequence lengths) with the
-commit of a speculative round, and the draft's ring cache."""
+commit of a speculative round, and the draft's ring cache. Allocated under a tensor-parallel mesh
+(:mod:`longspec_jax.mesh`), both are laid out rows over ``data`` and KV heads over ``model``."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 from flax import struct
+
+from longspec_jax.mesh import HEADS, ROWS, constrain
 
 
 @struct.dataclass
@@ -35,9 +38,9 @@ class KVCache:
 def init_cache(num_layers: int, batch: int, capacity: int, num_kv_heads: int, head_dim: int,
                dtype=jnp.bfloat16) -> KVCache:
     shape = (batch, capacity, num_kv_heads, head_dim)
-    return KVCache(k=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-                   v=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-                   lengths=jnp.zeros((batch,), jnp.int32))
+    return KVCache(k=tuple(constrain(jnp.zeros(shape, dtype), HEADS) for _ in range(num_layers)),
+                   v=tuple(constrain(jnp.zeros(shape, dtype), HEADS) for _ in range(num_layers)),
+                   lengths=constrain(jnp.zeros((batch,), jnp.int32), ROWS))
 
 
 def write_rows(buffer_BxSxKxD: jax.Array, new_BxTxKxD: jax.Array, start_B: jax.Array) -> jax.Array:
@@ -84,8 +87,8 @@ class RingCache:
     @classmethod
     def empty(cls, batch: int, capacity: int, num_kv_heads: int, head_dim: int, dtype) -> "RingCache":
         shape = (batch, capacity, num_kv_heads, head_dim)
-        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-                   pos=jnp.full((batch, capacity), -1, jnp.int32))
+        return cls(k=constrain(jnp.zeros(shape, dtype), HEADS), v=constrain(jnp.zeros(shape, dtype), HEADS),
+                   pos=constrain(jnp.full((batch, capacity), -1, jnp.int32), ROWS))
 
     def write(self, k_BxTxKxD: jax.Array, v_BxTxKxD: jax.Array, positions_BxT: jax.Array,
               valid_BxT: jax.Array) -> "RingCache":

@@ -6,6 +6,9 @@ Parameters (kernels ``[in, out]``; q/k/v and gate/up fused for fewer, larger GEM
     layers: list of {attn_norm [d], wqkv [d, (H+2K)*Dh], bqkv?, wo [H*Dh, d], bo?,
                      mlp_norm [d], w_gate_up [d, 2I], b_gate_up?, w_down [I, d], b_down?}
 
+On a tensor-parallel mesh the fused kernels are grouped per shard, ``[d, G, F/G]`` (biases ``[G, F/G]``): group g
+holds the g-th slice of every part (:mod:`longspec_jax.tensor_parallel`); the functions here take either layout.
+
 Layers are unrolled (one weight array per layer) and each layer's KV cache is updated in place: routing the
 cache through ``lax.scan`` outputs rewrites the whole cache every token (architecture.md section 8).
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from typing import Any
 
 import jax
@@ -32,12 +36,15 @@ class Target:
 
     ``hf_config`` is the raw dict of the HF ``config.json`` it was loaded from (``None`` for targets built in
     memory); exported drafts carry it as their own ``config.json``, as the PyTorch LongSpec releases do.
+    ``mesh``: the ``("data", "model")`` device mesh its parameters are sharded over (``load_target(mesh=)``,
+    :func:`longspec_jax.tensor_parallel.shard_target`); ``None`` on one device.
     """
 
     config: TargetConfig
     params: dict
     tokenizer: Any = None
     hf_config: dict | None = dataclasses.field(default=None, compare=False, repr=False)
+    mesh: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def dtype(self):
@@ -92,15 +99,31 @@ def lm_head_logits(params: dict, hidden_BxTxD: jax.Array) -> jax.Array:
     return jnp.dot(hidden_BxTxD, kernel, preferred_element_type=jnp.float32)
 
 
+def fused_linear(x_BxTxd, kernel, bias, widths: tuple[int, ...]) -> list[jax.Array]:
+    """``x @ kernel (+ bias)`` of a fused kernel, split into its parts ``[B, T, width]``. The kernel is
+    ``[d, sum(widths)]``, or grouped per shard ``[d, G, sum(widths) / G]`` (parts in the same group order)."""
+    if kernel.ndim == 2:
+        y_BxTxF = linear(x_BxTxd, kernel, bias)
+        bounds = tuple(itertools.accumulate(widths, initial=0))
+        return [y_BxTxF[..., a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    B, T, _ = x_BxTxd.shape
+    G = kernel.shape[1]
+    y_BxTxGxF = jnp.einsum("btd,dgf->btgf", x_BxTxd, kernel)
+    if bias is not None:
+        y_BxTxGxF = y_BxTxGxF + bias
+    bounds = tuple(itertools.accumulate((w // G for w in widths), initial=0))
+    return [y_BxTxGxF[..., a:b].reshape(B, T, -1) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 def _qkv(layer: dict, config: TargetConfig, x_BxTxd, cos_BxTxD, sin_BxTxD):
     """Roped queries ``[B, T, H, Dh]`` and keys, and values ``[B, T, K, Dh]`` of one layer (queries and keys
     roped together: one fused op)."""
     B, T, _ = x_BxTxd.shape
     H, K, hd = config.num_heads, config.num_kv_heads, config.head_dim
-    qkv_BxTxF = linear(x_BxTxd, layer["wqkv"], layer.get("bqkv"))
-    qk_BxTxHKxD = apply_rope(qkv_BxTxF[..., :(H + K) * hd].reshape(B, T, H + K, hd), cos_BxTxD, sin_BxTxD)
-    v_BxTxKxD = qkv_BxTxF[..., (H + K) * hd:].reshape(B, T, K, hd)
-    return qk_BxTxHKxD[:, :, :H], qk_BxTxHKxD[:, :, H:], v_BxTxKxD
+    q_BxTxF, k_BxTxF, v_BxTxF = fused_linear(x_BxTxd, layer["wqkv"], layer.get("bqkv"), (H * hd, K * hd, K * hd))
+    qk_BxTxHKxD = apply_rope(jnp.concatenate([q_BxTxF, k_BxTxF], axis=-1).reshape(B, T, H + K, hd), cos_BxTxD,
+                             sin_BxTxD)
+    return qk_BxTxHKxD[:, :, :H], qk_BxTxHKxD[:, :, H:], v_BxTxF.reshape(B, T, K, hd)
 
 
 def _attention_block(layer: dict, config: TargetConfig, x_BxTxd, cos_BxTxD, sin_BxTxD, k_cache_BxSxKxD,
@@ -114,10 +137,9 @@ def _attention_block(layer: dict, config: TargetConfig, x_BxTxd, cos_BxTxD, sin_
 
 
 def _mlp_block(layer: dict, config: TargetConfig, x_BxTxd):
-    gate_up_BxTx2I = linear(x_BxTxd, layer["w_gate_up"], layer.get("b_gate_up"))
     I = config.intermediate_size
-    return linear(jax.nn.silu(gate_up_BxTx2I[..., :I]) * gate_up_BxTx2I[..., I:], layer["w_down"],
-                  layer.get("b_down"))
+    gate_BxTxI, up_BxTxI = fused_linear(x_BxTxd, layer["w_gate_up"], layer.get("b_gate_up"), (I, I))
+    return linear(jax.nn.silu(gate_BxTxI) * up_BxTxI, layer["w_down"], layer.get("b_down"))
 
 
 def forward_tree(params: dict, config: TargetConfig, tokens_BxT: jax.Array, positions_BxT: jax.Array,

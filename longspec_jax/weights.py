@@ -164,25 +164,44 @@ def draft_tensor_specs(config: "DraftConfig") -> list[TensorSpec]:
     return specs
 
 
+# The leaves of a fused target pytree, each the concatenation (along output columns) of these unfused leaves.
+TOP_LEAVES = {"embed": (("embed",),), "final_norm": (("final_norm",),), "lm_head": (("lm_head", "kernel"),)}
+LAYER_LEAVES = {"attn_norm": (("attn_norm",),), "mlp_norm": (("mlp_norm",),),
+                "wqkv": (("q", "kernel"), ("k", "kernel"), ("v", "kernel")),
+                "bqkv": (("q", "bias"), ("k", "bias"), ("v", "bias")),
+                "wo": (("o", "kernel"),), "bo": (("o", "bias"),),
+                "w_gate_up": (("gate", "kernel"), ("up", "kernel")), "b_gate_up": (("gate", "bias"), ("up", "bias")),
+                "w_down": (("down", "kernel"),), "b_down": (("down", "bias"),)}
+
+
+def fused_leaves(config: TargetConfig) -> dict[tuple, tuple[TensorSpec, ...]]:
+    """``{fused path: specs of its unfused parts, in column order}`` for every leaf of a fused target pytree
+    (biases and the LM head where the config has them)."""
+    by_path = {spec.path: spec for spec in target_tensor_specs(config)}
+    out = {(name,): tuple(by_path[p] for p in parts) for name, parts in TOP_LEAVES.items()
+           if all(p in by_path for p in parts)}
+    for i in range(config.num_layers):
+        for name, parts in LAYER_LEAVES.items():
+            paths = tuple(("layers", i) + p for p in parts)
+            if all(p in by_path for p in paths):
+                out[("layers", i, name)] = tuple(by_path[p] for p in paths)
+    return out
+
+
+def set_fused(params: dict, path: tuple, value) -> None:
+    """Stores ``value`` at a fused ``path`` (``("embed",)`` or ``("layers", i, name)``)."""
+    if path[0] == "layers":
+        params.setdefault("layers", [])
+        params["layers"].extend({} for _ in range(path[1] + 1 - len(params["layers"])))
+        params["layers"][path[1]][path[2]] = value
+    else:
+        params[path[0]] = value
+
+
 def fuse_target_params(unfused: dict, config: TargetConfig) -> dict:
     """Fuses q/k/v and gate/up kernels (and biases) into the layout :mod:`longspec_jax.target` uses."""
-    layers = []
-    for i in range(config.num_layers):
-        u = unfused["layers"][i]
-        layer = {"attn_norm": u["attn_norm"], "mlp_norm": u["mlp_norm"],
-                 "wqkv": jnp.concatenate([u["q"]["kernel"], u["k"]["kernel"], u["v"]["kernel"]], axis=1),
-                 "wo": u["o"]["kernel"],
-                 "w_gate_up": jnp.concatenate([u["gate"]["kernel"], u["up"]["kernel"]], axis=1),
-                 "w_down": u["down"]["kernel"]}
-        if config.qkv_bias:
-            layer["bqkv"] = jnp.concatenate([u["q"]["bias"], u["k"]["bias"], u["v"]["bias"]])
-        if config.o_bias:
-            layer["bo"] = u["o"]["bias"]
-        if config.mlp_bias:
-            layer["b_gate_up"] = jnp.concatenate([u["gate"]["bias"], u["up"]["bias"]])
-            layer["b_down"] = u["down"]["bias"]
-        layers.append(layer)
-    params = {"embed": unfused["embed"], "final_norm": unfused["final_norm"], "layers": layers}
-    if "lm_head" in unfused:
-        params["lm_head"] = unfused["lm_head"]["kernel"]
+    params: dict = {}
+    for path, parts in fused_leaves(config).items():
+        arrays = [_get_path(unfused, spec.path) for spec in parts]
+        set_fused(params, path, arrays[0] if len(arrays) == 1 else jnp.concatenate(arrays, axis=-1))
     return params

@@ -1,4 +1,4 @@
-"""``python -m infer.bench {decode,attention,spec,profile,drafts,repro,tasks} [options]``: runs one benchmark; ``... NAME --help`` lists its
+"""``python -m infer.bench {decode,attention,spec,profile,drafts,repro,tasks,shard} [options]``: runs one benchmark; ``... NAME --help`` lists its
 options. Each writes ``bench_NAME.json`` and ``bench_NAME.md`` under ``--out``; ``--smoke`` is a tiny CPU run."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ COMMANDS = {
     "drafts": "trained drafts on held-out prompts: tau and tokens/s against plain decoding, by context and T",
     "repro": "the same greedy generate() in several fresh processes: equal tokens? and the speed cost of the fix",
     "tasks": "long-context tasks: plain, LongSpec trees, chains, prompt lookup, HF; by bucket, T and batch",
+    "shard": "tensor parallel: plain and speculative tokens/s on N devices vs one, the longest context that fits",
 }
 
 
