@@ -116,14 +116,19 @@ def fused_linear(x_BxTxd, kernel, bias, widths: tuple[int, ...]) -> list[jax.Arr
 
 
 def _qkv(layer: dict, config: TargetConfig, x_BxTxd, cos_BxTxD, sin_BxTxD):
-    """Roped queries ``[B, T, H, Dh]`` and keys, and values ``[B, T, K, Dh]`` of one layer (queries and keys
-    roped together: one fused op)."""
+    """Roped queries ``[B, T, H, Dh]`` and keys, and values ``[B, T, K, Dh]`` of one layer.
+
+    Queries and keys are roped in one op over the fused output's q|k part. In the grouped (tensor-parallel)
+    layout that part is ``[q_g | k_g]`` per group g, so it is split per group, never gathered across devices.
+    """
     B, T, _ = x_BxTxd.shape
     H, K, hd = config.num_heads, config.num_kv_heads, config.head_dim
-    q_BxTxF, k_BxTxF, v_BxTxF = fused_linear(x_BxTxd, layer["wqkv"], layer.get("bqkv"), (H * hd, K * hd, K * hd))
-    qk_BxTxHKxD = apply_rope(jnp.concatenate([q_BxTxF, k_BxTxF], axis=-1).reshape(B, T, H + K, hd), cos_BxTxD,
-                             sin_BxTxD)
-    return qk_BxTxHKxD[:, :, :H], qk_BxTxHKxD[:, :, H:], v_BxTxF.reshape(B, T, K, hd)
+    G = layer["wqkv"].shape[1] if layer["wqkv"].ndim == 3 else 1
+    qk_BxTxF, v_BxTxF = fused_linear(x_BxTxd, layer["wqkv"], layer.get("bqkv"), ((H + K) * hd, K * hd))
+    qk_BxTxGxCxD = apply_rope(qk_BxTxF.reshape(B, T, H + K, hd), cos_BxTxD, sin_BxTxD).reshape(
+        B, T, G, (H + K) // G, hd)
+    return (qk_BxTxGxCxD[:, :, :, :H // G].reshape(B, T, H, hd), qk_BxTxGxCxD[:, :, :, H // G:].reshape(B, T, K, hd),
+            v_BxTxF.reshape(B, T, K, hd))
 
 
 def _attention_block(layer: dict, config: TargetConfig, x_BxTxd, cos_BxTxD, sin_BxTxD, k_cache_BxSxKxD,

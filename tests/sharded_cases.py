@@ -10,6 +10,7 @@ shared with the single-device tests.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import tracemalloc
 from pathlib import Path
@@ -22,13 +23,16 @@ from jax.sharding import NamedSharding
 import tests.conftest  # noqa: F401  (CPU, float32 matmuls at highest precision)
 from infer import PromptLookup, generate
 from infer.bench.oracle import oracle_draft
+from infer.decoding import DecodeSettings
 from infer.generate import on_mesh
+from infer.plain import decode_step
 from longspec_jax import load_target
 from longspec_jax.config import TargetConfig
 from longspec_jax.draft import DraftConfig, init_draft
 from longspec_jax.kv_cache import init_cache
 from longspec_jax.mesh import HEADS, make_mesh
 from longspec_jax.safetensors_io import save_file
+from longspec_jax.sampling import SamplingConfig
 from longspec_jax.target import Target, forward, init_target_params, lm_head_logits
 from longspec_jax.tensor_parallel import shard_target
 from longspec_jax.weights import target_tensor_specs
@@ -114,9 +118,42 @@ def check_generate(name: str, speculative: bool) -> None:
         assert spec.accept_counts[:, 1:].sum() > 0  # multi-token rounds
 
 
+def collectives(hlo_text: str) -> list[tuple[str, int]]:
+    """(kind, element count) of every collective in a compiled program's HLO."""
+    out = []
+    for m in re.finditer(r"= \w+\[([\d,]*)\]\S* (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
+                         r"(?:-start)?\(", hlo_text):
+        out.append((m.group(2), int(np.prod([int(d) for d in m.group(1).split(",") if d]))))
+    return out
+
+
+def check_decode_collectives(name: str) -> None:
+    """A sharded decode step communicates like Megatron tensor parallelism: two all-reduces of the token's
+    hidden state per layer (after attention's output projection and after the MLP), one for the vocabulary-sharded
+    embedding, and tiny all-gathers for the vocabulary-sharded argmax; no weight, cache or head data moves."""
+    mesh, config = mesh_of(name), TP_CONFIG
+    sharded = shard_target(tp_target(), mesh)
+    settings = DecodeSettings(config=config, sampling=SamplingConfig(), capacity=64, prefill_chunk=32, out_len=4,
+                              prompt_len=32, impl="auto")
+    B = MESHES[name][1]
+    with on_mesh(mesh):
+        cache = jax.jit(lambda: init_cache(config.num_layers, B, 64, config.num_kv_heads, config.head_dim,
+                                           jnp.float32))()
+        text = jax.jit(lambda p, c, t, k: decode_step(p, settings, c, t, k)).lower(
+            sharded.params, cache, jnp.zeros((B,), jnp.int32), jax.random.PRNGKey(0)).compile().as_text()
+    found = collectives(text)
+    reduces = [n for kind, n in found if kind == "all-reduce"]
+    assert len(reduces) == 2 * config.num_layers + 1 and max(reduces) <= B * config.hidden_size, found
+    assert all(kind in ("all-reduce", "all-gather") for kind, _ in found), found
+    assert all(n <= B * jax.device_count() for kind, n in found if kind == "all-gather"), found
+
+
 def case_fast() -> None:
-    """The default suite's case: mesh 4x2, plain decoding, loading, and the errors."""
+    """The default suite's case: mesh 4x2, plain decoding, the collectives of a decode step, loading, and the
+    errors."""
     check_generate("4x2", speculative=False)
+    check_decode_collectives("4x2")
+    check_decode_collectives("8x1")
     try:
         generate(shard_target(tp_target(), mesh_of("4x2")), PROMPTS + [[1, 2]], max_new_tokens=4)
     except ValueError as e:
