@@ -45,3 +45,5 @@ def test_profile_smoke(tmp_path):
     text = (tmp_path / "bench_profile.md").read_text()
     for phase in ("plain", "draft_step0", "tree_level2", "verify", "round"):
         assert f"| {phase} |" in text
+    assert main(["--out", str(tmp_path / "random"), "--smoke", "--model", "llama3-8b"]) == 0
+    assert "| verify |" in (tmp_path / "random" / "bench_profile.md").read_text()

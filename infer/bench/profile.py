@@ -4,7 +4,9 @@
     python -m infer.bench profile --out DIR --smoke                                           # CPU, tiny
 
 Same model pair, prompt and settings as ``python -m infer.bench spec`` (the padded 8B-cost pair, tree
-(4,16,16,16,16), batch 1). Each phase (plain decode step, draft step 0, every tree level, verify, the whole
+(4,16,16,16,16), batch 1), or with ``--model llama3-8b`` a target of true Llama-3-8B shapes (128k vocabulary,
+head_dim 128) with random bf16 weights and a random draft of its shapes, on a random prompt (phase times depend on
+shapes, not on what the draft predicts). Each phase (plain decode step, draft step 0, every tree level, verify, the whole
 round) is profiled in the in-loop timing from the post-prefill state (:mod:`infer.bench.trace`): kernels per
 step, summed kernel time, GPU-busy time and wall time per step, and where the time goes by source function and
 by kernel. ``--options`` adds XLA compiler-option variants (e.g. command buffers off) of every phase.
@@ -21,7 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from infer.bench.decode import LLAMA3_8B, TINY
 from infer.bench.harness import arg_parser, log, md_header, md_row, write_report
+from infer.bench.random_model import random_target
 from infer.bench.spec import TREE, load_pair
 from infer.bench.spec_phases import after
 from infer.bench.trace import profile_loop
@@ -29,7 +33,7 @@ from infer.decoding import StopCriteria
 from infer.generate import pad_prompts, plan_speculative
 from infer.plain import decode_step
 from infer.speculative import spec_round, speculative_start, verify
-from longspec_jax.draft import draft_root
+from longspec_jax.draft import DraftConfig, draft_root, init_draft
 from longspec_jax.sampling import SamplingConfig
 from longspec_jax.tree import grow_tree, start_tree
 
@@ -104,12 +108,23 @@ def profile_context(settings, stop, tparams, weights, tokens, lengths, reps: int
     return out
 
 
+def load_models(args):
+    """(target, draft, prompt token stream, attention impl) of ``--model``."""
+    if args.model == "padded":
+        return load_pair(args)
+    target = random_target(TINY if args.smoke else LLAMA3_8B, None, jnp.float32 if args.smoke else jnp.bfloat16,
+                           0.02)
+    draft = init_draft(DraftConfig.from_target(target.config), jax.random.PRNGKey(1), dtype=target.dtype)
+    stream = np.random.default_rng(0).integers(0, target.config.vocab_size, max(args.contexts)).tolist()
+    return target, draft, stream, "xla" if args.smoke else "auto"
+
+
 def run(args) -> dict:
     t0 = time.perf_counter()
-    target, draft, stream, impl = load_pair(args)
+    target, draft, stream, impl = load_models(args)
     log(f"pair loaded in {time.perf_counter() - t0:.0f} s")
     results: dict = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
-                     "jax": jax.__version__, "tree_shape": list(TREE), "contexts": {}}
+                     "jax": jax.__version__, "model": args.model, "tree_shape": list(TREE), "contexts": {}}
     stop = StopCriteria.make(args.new_tokens, [])
     for ctx in args.contexts:
         settings = plan_speculative(target, draft, ctx, args.new_tokens, SamplingConfig(), TREE, 512, impl)
@@ -138,6 +153,8 @@ def markdown(results: dict, top: int = 12) -> str:
 
 def main(argv=None) -> int:
     p = arg_parser("profile", __doc__, "tiny random pair on the CPU (CPU ops instead of GPU kernels)")
+    p.add_argument("--model", default="padded", choices=("padded", "llama3-8b"),
+                   help="padded: the fixture pair padded to 8B cost; llama3-8b: random weights of Llama-3-8B shapes")
     p.add_argument("--fixture", help="the small code-LM fixture directory")
     p.add_argument("--pad-script", help="path of the fixture's pad_model.py")
     p.add_argument("--work", default="/tmp/longspec_bench", help="where the padded pair is written (reused)")
@@ -151,8 +168,8 @@ def main(argv=None) -> int:
     args.reps = args.reps or (2 if args.smoke else 20)
     args.options = {"default": {}, **json.loads(args.options)}
     args.stable_search = 0
-    if not args.smoke and not (args.fixture and args.pad_script):
-        p.error("--fixture and --pad-script are required (or --smoke)")
+    if args.model == "padded" and not args.smoke and not (args.fixture and args.pad_script):
+        p.error("--fixture and --pad-script are required with --model padded (or --smoke)")
     results = run(args)
     md = markdown(results)
     write_report(args.out, "bench_profile", results, md)

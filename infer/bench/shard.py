@@ -34,17 +34,17 @@ from infer.bench.decode import LLAMA3_8B, TINY
 from infer.bench.harness import arg_parser, error_text, log, md_header, md_row, time_loop, time_runs, write_report
 from infer.bench.near_tie import first_divergence
 from infer.bench.oracle import oracle_hook, oracle_table
+from infer.bench.random_model import random_target
 from infer.decoding import DecodeSettings, Progress, StopCriteria, prefill_and_first_token
 from infer.generate import on_mesh, pad_prompts, plan_speculative
 from infer.plain import decode_step, plain_loop
 from infer.speculative import speculative_loop, speculative_start
-from longspec_jax.config import RopeConfig, TargetConfig
 from longspec_jax.draft import DraftConfig, DraftWeights, init_draft
 from longspec_jax.kv_cache import init_cache
 from longspec_jax.mesh import make_mesh
 from longspec_jax.sampling import SamplingConfig
-from longspec_jax.target import Target, init_target_params
-from longspec_jax.tensor_parallel import group_params, shard_draft, target_shardings
+from longspec_jax.target import Target
+from longspec_jax.tensor_parallel import shard_draft
 
 DEFAULTS = dict(context=32768, new_tokens=128, reps=2, tree="4,16,16,16,16", fit_from=32768, fit_max=4 * 2**20,
                 fit_steps=8)
@@ -52,30 +52,6 @@ SMOKE = dict(context=64, new_tokens=8, reps=1, tree="2,2", fit_from=64, fit_max=
 # (dtype, weight std): bf16 at 8B shapes; the smoke model in float32 with spread logits (no near-ties), so its
 # outputs on 1 and N devices, plain and speculative, are equal.
 WEIGHTS = {False: (jnp.bfloat16, 0.02), True: (jnp.float32, 0.3)}
-# The LM head's std: logits of std ~32 leave top-2 gaps far above bf16 rounding, so the speculative path's argmax
-# equals the plain one's and the oracle (a replay of the plain output) holds. With the layers' std 0.02 the gaps
-# were within rounding: on the H200, tau 1.03 with the plain output parting at token 3.
-LM_HEAD_STD = 0.5
-
-
-def random_target(s: dict, mesh, dtype, std: float) -> Target:
-    """Random weights of shapes ``s``, made on the devices: sharded over ``mesh``, or on one device."""
-    config = TargetConfig(model_type="llama", vocab_size=s["vocab_size"], hidden_size=s["hidden_size"],
-                          intermediate_size=s["intermediate_size"], num_layers=s["num_layers"],
-                          num_heads=s["num_heads"], num_kv_heads=s["num_kv_heads"], head_dim=s["head_dim"],
-                          rms_norm_eps=s["rms_norm_eps"], rope=RopeConfig(theta=s["rope_theta"]),
-                          max_position_embeddings=2**30)
-    key = jax.random.PRNGKey(0)
-
-    def init(k):
-        params = init_target_params(config, k, dtype, std=std)
-        return {**params, "lm_head": params["lm_head"] * (LM_HEAD_STD / std)} if "lm_head" in params else params
-
-    if mesh is None:
-        return Target(config, jax.jit(init)(key))
-    grouped = lambda k: group_params(init(k), config, mesh.shape["model"])
-    shardings = target_shardings(jax.eval_shape(grouped, key), config, mesh)
-    return Target(config, jax.jit(grouped, out_shardings=shardings)(key), mesh=mesh)
 
 
 def is_oom(exc: BaseException) -> bool:
