@@ -1,5 +1,5 @@
-"""``python -m infer.bench {decode,attention,spec,profile,drafts,repro,tasks,shard} [options]``: runs one benchmark; ``... NAME --help`` lists its
-options. Each writes ``bench_NAME.json`` and ``bench_NAME.md`` under ``--out``; ``--smoke`` is a tiny CPU run."""
+"""``python -m infer.bench NAME [options]``: runs one benchmark (``COMMANDS`` names them); ``... NAME --help`` lists
+its options. Each writes ``bench_NAME.json`` and ``bench_NAME.md`` under ``--out``; ``--smoke`` is a tiny CPU run."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@
 Same model pair, prompt and settings as ``python -m infer.bench spec`` (the padded 8B-cost pair, tree
 (4,16,16,16,16), batch 1), or with ``--model llama3-8b`` a target of true Llama-3-8B shapes (128k vocabulary,
 head_dim 128) with random bf16 weights and a random draft of its shapes, on a random prompt (phase times depend on
-shapes, not on what the draft predicts). Each phase (plain decode step, draft step 0, every tree level, verify, the whole
-round) is profiled in the in-loop timing from the post-prefill state (:mod:`infer.bench.trace`): kernels per
+shapes, not on what the draft predicts). Each phase (plain decode step, draft step 0, every tree level, verify, the
+whole round) is profiled in the in-loop timing from the post-prefill state (:mod:`infer.bench.trace`): kernels per
 step, summed kernel time, GPU-busy time and wall time per step, and where the time goes by source function and
 by kernel. ``--options`` adds XLA compiler-option variants (e.g. command buffers off) of every phase.
 """

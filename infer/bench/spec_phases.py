@@ -94,7 +94,8 @@ def phase_times(settings: SpecSettings, tparams, weights, tokens, lengths, stop,
         return verify(s, p, after(c, carry[0]), t)
 
     alt_settings, alt_tree = recompute_settings(settings, B)
-    _, (logits_BxNxV, tree_kv) = loop_time(verify_step, verify(settings, tparams, cache, tree), (tparams, cache, tree), 1)
+    first = verify(settings, tparams, cache, tree)
+    _, (logits_BxNxV, tree_kv) = loop_time(verify_step, first, (tparams, cache, tree), 1)
     acc = exact_acceptance(tree, logits_BxNxV, key, settings)
 
     def accept_step(acc_carry, t, lg, k):

@@ -3,16 +3,14 @@
 :func:`profile_loop` runs ``carry = step(carry, *consts)`` ``reps`` times in one jitted ``fori_loop`` (the
 harness's in-loop timing) under ``jax.profiler``, reads the trace's GPU kernel events with
 :class:`jax.profiler.ProfileData`, and attributes each kernel to the HLO instruction that launched it and, through
-that instruction's metadata in the compiled program, to the source line and function that built it. The result:
+that instruction's stack frame in the compiled program, to the function (and its caller) that built it. The result:
 per step, the kernels launched, their summed time, the GPU-busy time (overlaps merged) and the wall time, and a
 table of time by source function and by kernel.
 """
 
 from __future__ import annotations
 
-import ast
 import collections
-import functools
 import glob
 import os
 import re
@@ -73,29 +71,9 @@ def hlo_sources(hlo_text: str) -> dict[str, str]:
         fields = {k: v.strip('"') for k, v in _FIELD.findall(m.group(2))}
         if fields.get("stack_frame_id", "").isdigit() and int(fields["stack_frame_id"]) in frames:
             out[m.group(1)] = frames[int(fields["stack_frame_id"])]
-        elif "source_file" in fields:
-            out[m.group(1)] = source_function(fields["source_file"], int(fields.get("source_line", 0)))
         elif "op_name" in fields:
             out[m.group(1)] = fields["op_name"].rsplit("/", 1)[-1]
     return out
-
-
-@functools.cache
-def _function_spans(path: str) -> list[tuple[int, int, str]]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-    except (OSError, SyntaxError, ValueError):
-        return []
-    return [(n.lineno, n.end_lineno or n.lineno, n.name) for n in ast.walk(tree)
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-
-
-def source_function(path: str, line: int) -> str:
-    """``"dir/file.py:function"`` of the innermost function around ``line`` (``:line`` if none is found)."""
-    inner = [(end - start, name) for start, end, name in _function_spans(path) if start <= line <= end]
-    short = "/".join(path.split("/")[-2:])
-    return f"{short}:{min(inner)[1]}" if inner else f"{short}:{line}"
 
 
 def kernel_events(xplane_path: str) -> list[dict]:
