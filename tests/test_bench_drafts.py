@@ -38,6 +38,16 @@ def test_summary_arithmetic():
     s = drafts.summarize(plain, spec)
     assert s["tau"] == pytest.approx(162 / 55) and s["tokens_per_s"] == pytest.approx(80.0)
     assert s["speedup"] == pytest.approx(2.0) and s["accept_counts"] == [33, 20]
+    # per-prompt taus 101/25 = 4.04 and 61/30: their sample std / sqrt(2) is |4.04 - 61/30| / 2
+    assert s["tau_se"] == pytest.approx(abs(101 / 25 - 61 / 30) / 2)
+
+
+def test_paired_tau_difference():
+    base = [dict(generated=20, rounds=9), dict(generated=30, rounds=14), dict(generated=9, rounds=2)]  # 2, 2, 3
+    other = [dict(generated=25, rounds=9), dict(generated=30, rounds=9), dict(generated=9, rounds=2)]  # 2.5, 3, 3
+    mean, se = drafts.paired_tau_difference(other, base)  # differences 0.5, 1, 0
+    assert mean == pytest.approx(0.5) and se == pytest.approx(0.5 / np.sqrt(3))
+    assert drafts.mean_and_se([4.0]) == (4.0, 0.0)
 
 
 @pytest.mark.slow
@@ -50,4 +60,6 @@ def test_smoke_run(tmp_path):
             assert row[name]["tau"] >= 1.0 and row[name]["tokens_per_s"] > 0
             if row["temperature"] == 0:
                 assert row[name]["first_divergence"] == [None, None]  # float32 on the CPU: exactly plain greedy
-    assert "| 40 | 0.0 |" in (tmp_path / "bench_drafts.md").read_text()
+        assert len(row["b"]["paired_tau_difference"]) == 2 and "paired_tau_difference" not in row["a"]
+    md = (tmp_path / "bench_drafts.md").read_text()
+    assert "| 40 | 0.0 |" in md and "b - a tau (paired)" in md

@@ -129,14 +129,32 @@ class Runner:
                     tokens=np.asarray(state.progress.tokens)[0, :n].tolist())
 
 
+def mean_and_se(values) -> tuple[float, float]:
+    """Mean and its standard error (sample standard deviation / sqrt(n); 0 for a single value)."""
+    v = np.asarray(values, np.float64)
+    return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0
+
+
+def paired_tau_difference(spec_runs: list[dict], baseline_runs: list[dict]) -> tuple[float, float]:
+    """Mean and standard error over prompts of (this draft's tau - the baseline draft's tau) on the same prompt:
+    pairing removes the prompt-to-prompt spread, which dominates the error of either tau alone."""
+    return mean_and_se([a - b for a, b in zip(prompt_taus(spec_runs), prompt_taus(baseline_runs))])
+
+
+def prompt_taus(spec_runs: list[dict]) -> list[float]:
+    return [r["generated"] / (r["rounds"] + 1) for r in spec_runs]
+
+
 def summarize(plain_runs: list[dict], spec_runs: list[dict] | None = None) -> dict:
-    """Totals over prompts: plain tokens/s (decode steps / s), or speculative tau, tokens/s and speedup."""
+    """Totals over prompts: plain tokens/s (decode steps / s), or speculative tau (with the standard error of
+    the per-prompt tau), tokens/s and speedup."""
     plain_tps = sum(r["steps"] for r in plain_runs) / sum(r["seconds"] for r in plain_runs)
     if spec_runs is None:
         return dict(tokens_per_s=plain_tps)
     generated = sum(r["generated"] for r in spec_runs)
     tps = sum(r["generated"] - 1 for r in spec_runs) / sum(r["seconds"] for r in spec_runs)
-    return dict(tau=generated / sum(r["rounds"] + 1 for r in spec_runs), tokens_per_s=tps, speedup=tps / plain_tps,
+    return dict(tau=generated / sum(r["rounds"] + 1 for r in spec_runs), tau_se=mean_and_se(prompt_taus(spec_runs))[1],
+                tokens_per_s=tps, speedup=tps / plain_tps,
                 accept_counts=np.sum([r["accept_counts"] for r in spec_runs], axis=0).tolist())
 
 
@@ -175,9 +193,14 @@ def run(args) -> dict:
                                                          for p, r in zip(prompts, plain)])))
             log(f"ctx {context} T={temperature}: plain {row['plain']['tokens_per_s']:.1f} tok/s, "
                 f"repeated 4-grams {row['repeat_4gram_share']:.2f}")
+            baseline = None
             for name, draft in drafts.items():
                 spec = [runner.speculative(draft.weights, p, args.seed + i) for i, p in enumerate(prompts)]
                 row[name] = summarize(plain, spec)
+                if baseline is None:
+                    baseline = spec
+                else:
+                    row[name]["paired_tau_difference"] = paired_tau_difference(spec, baseline)
                 if temperature == 0:
                     firsts = [first_divergence(s["tokens"], r["tokens"]) for s, r in zip(spec, plain)]
                     row[name]["first_divergence"] = firsts
@@ -190,14 +213,18 @@ def run(args) -> dict:
 
 
 def markdown(results: dict, names: list[str]) -> str:
+    """One row per (context, T); each draft's tau +- its standard error over prompts, and for every draft after
+    the first the paired per-prompt tau difference to the first +- its standard error."""
     lines = md_header(["context", "T", "plain tok/s", "repeated 4-grams"] +
-                      [f"{n} {what}" for n in names for what in ("tau", "tok/s", "speedup")])
+                      [f"{n} {what}" for n in names for what in ("tau", "tok/s", "speedup")] +
+                      [f"{n} - {names[0]} tau (paired)" for n in names[1:]])
     for row in results["rows"]:
         cells = [row["context"], row["temperature"], f"{row['plain']['tokens_per_s']:.1f}",
                  f"{row['repeat_4gram_share']:.2f}"]
         for n in names:
             r = row[n]
-            cells += [f"{r['tau']:.2f}", f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x"]
+            cells += [f"{r['tau']:.2f} ± {r['tau_se']:.2f}", f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x"]
+        cells += ["{:+.3f} ± {:.3f}".format(*row[n]["paired_tau_difference"]) for n in names[1:]]
         lines.append(md_row(cells))
     return "\n".join(lines) + "\n"
 
