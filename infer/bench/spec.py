@@ -11,7 +11,8 @@ greedy continuation, exact or wrong at every 4th position) through ``Draft.logit
 runs in full, only its logits are replaced.
 
 Prompt: source files of the dev-split repos (pygments, pyparsing, mpmath) concatenated, cut to each context
-(from ``--stable-gap`` on: starting at an offset whose float32 greedy continuation has no near-tie, since in bf16
+(with ``--batch B``, row b starts ``b * BATCH_STRIDE`` tokens later; tokens/s are summed over the rows, tau is their
+mean) (from ``--stable-gap`` on, for row 0: starting at an offset whose float32 greedy continuation has no near-tie, since in bf16
 the plain and the speculative output may part at a near-tie, after which an oracle replaying the plain output
 predicts the wrong text). Where a speculative output differs from plain greedy, the float32 top-2 logit gap at
 the first difference is recorded (the small fixture computes the padded model's function).
@@ -51,6 +52,7 @@ from longspec_jax.sampling import SamplingConfig
 
 TREE = (4, 16, 16, 16, 16)
 DRAFT_KINDS = ("random_draft", "oracle_exact", "oracle_wrong_every_4th")
+BATCH_STRIDE = 4099  # tokens between the prompt starts of two batch rows
 DEFAULTS = dict(contexts="16384,32768", phase_contexts="16384,32768", e2e_contexts="16384,32768", new_tokens=256,
                 reps=2, phase_reps=10)
 SMOKE = dict(contexts="40", phase_contexts="40", e2e_contexts="40", new_tokens=12, reps=1, phase_reps=1)
@@ -63,20 +65,32 @@ def load_pair(args):
     if args.smoke:
         from infer.bench.tiny import random_draft, tiny_target
         target = tiny_target(0)
-        stream = list(np.random.default_rng(0).integers(0, target.config.vocab_size,
-                                                         max(args.contexts) + args.stable_search))
+        stream = list(np.random.default_rng(0).integers(0, target.config.vocab_size, stream_length(args)))
         return target, random_draft(1), stream, "xla"
     big, big_draft = build_padded_pair(args.fixture, args.pad_script, args.work)
     target = load_target(big, dtype=jnp.bfloat16)
     return (target, load_draft(big_draft, target),
-            dev_prompt_tokens(target.tokenizer, max(args.contexts) + args.stable_search), "auto")
+            dev_prompt_tokens(target.tokenizer, stream_length(args)), "auto")
+
+
+def stream_length(args) -> int:
+    return max(args.contexts) + args.stable_search + (args.batch - 1) * BATCH_STRIDE
+
+
+def first_mismatches(out_BxN, greedy_BxN) -> tuple[list, int | None, int | None]:
+    """Per row, the first position where a speculative output parts from plain greedy (None: equal), the
+    earliest of them and its row."""
+    per_row = [first_divergence(o, g) for o, g in zip(out_BxN, greedy_BxN)]
+    parted = [(f, b) for b, f in enumerate(per_row) if f is not None]
+    first, row = min(parted) if parted else (None, None)
+    return per_row, first, row
 
 
 def run(args) -> dict:
     from longspec_jax import load_target
 
     results: dict = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
-                     "jax": jax.__version__, "tree_shape": list(TREE), "contexts": {}}
+                     "jax": jax.__version__, "tree_shape": list(TREE), "batch": args.batch, "contexts": {}}
     t0 = time.perf_counter()
     target, draft, prompt_stream, impl = load_pair(args)
     results["load_s"] = time.perf_counter() - t0
@@ -127,8 +141,8 @@ def run(args) -> dict:
             row.update(prompt_offset=offset, min_f32_top2_gap=min_gap)
             log(f"ctx {ctx}: prompt offset {offset}: smallest float32 top-2 gap over the greedy continuation "
                 f"{min_gap:.3f}")
-        prompt = prompt_stream[offset:offset + ctx]
-        tokens, lengths = pad_prompts([np.asarray(prompt, np.int32)], base.prompt_len)
+        prompts = [prompt_stream[offset + b * BATCH_STRIDE:offset + b * BATCH_STRIDE + ctx] for b in range(args.batch)]
+        tokens, lengths = pad_prompts([np.asarray(p, np.int32) for p in prompts], base.prompt_len)
         try:
             # -- plain decoding: the baseline, and the greedy continuation the oracle replays
             def start():
@@ -136,9 +150,9 @@ def run(args) -> dict:
                 return Progress.start(first, base.out_len, stop), cache, first, k
 
             sec, progress = time_runs(start, lambda st: plain_run(tparams, *st), args.reps)
-            greedy_tokens = np.asarray(progress.tokens)[0, :N_new]
+            greedy_BxN = np.asarray(progress.tokens)[:, :N_new]
             rounds = int(progress.num_rounds[0])
-            row["vanilla"] = dict(seconds=sec, decode_steps=rounds, tokens_per_s=rounds / sec)
+            row["vanilla"] = dict(seconds=sec, decode_steps=rounds, tokens_per_s=args.batch * rounds / sec)
             row["decode_step_s"] = sec / rounds  # one plain decode step, inside the jitted loop
             log(f"ctx {ctx}: plain {row['vanilla']['tokens_per_s']:.1f} tok/s, step {row['decode_step_s']*1e3:.2f} ms")
         except Exception as e:  # noqa: BLE001
@@ -161,7 +175,7 @@ def run(args) -> dict:
 
         def oracle_weights(wrong_every: int, phase: int = 0):  # replays the plain greedy output
             return DraftWeights(draft.variables, jnp.asarray(oracle_table(
-                [prompt], [greedy_tokens], slots, cfg.vocab_size, wrong_every=wrong_every, phase=phase)))
+                prompts, list(greedy_BxN), slots, cfg.vocab_size, wrong_every=wrong_every, phase=phase)))
 
         kinds = {} if ctx not in args.e2e_contexts else dict(zip(DRAFT_KINDS, (
             (real_fns, lambda: weights), (oracle_fns, lambda: oracle_weights(0)),
@@ -171,19 +185,19 @@ def run(args) -> dict:
                 w = make_weights()
                 sec, state = time_runs(lambda: start_fn(tparams, w, tokens, lengths, key),
                                        lambda st: loop_fn(tparams, w, st), args.reps)
-                gen = int(state.progress.num_generated[0])
-                rounds = int(state.progress.num_rounds[0])
-                out = np.asarray(state.progress.tokens)[0, :N_new]
-                first = first_divergence(out, greedy_tokens)
-                row[name] = dict(seconds=sec, rounds=rounds, generated=gen, tau=gen / (rounds + 1),
-                                 tokens_per_s=(gen - 1) / sec,
-                                 speedup=((gen - 1) / sec) / row["vanilla"]["tokens_per_s"],
-                                 accept_counts=np.asarray(state.accept_counts)[0].tolist(),
-                                 first_mismatch_vs_greedy=first)
+                gen_B = np.asarray(state.progress.num_generated)
+                rounds_B = np.asarray(state.progress.num_rounds)
+                per_row, first, first_row = first_mismatches(np.asarray(state.progress.tokens)[:, :N_new], greedy_BxN)
+                tps = float((gen_B - 1).sum()) / sec
+                row[name] = dict(seconds=sec, rounds=int(rounds_B.sum()), generated=int(gen_B.sum()),
+                                 tau=float(np.mean(gen_B / (rounds_B + 1))), tokens_per_s=tps,
+                                 speedup=tps / row["vanilla"]["tokens_per_s"],
+                                 accept_counts=np.asarray(state.accept_counts).sum(0).tolist(),
+                                 first_mismatch_vs_greedy=first, first_mismatch_per_row=per_row)
                 del state
                 if first is not None:  # is it a bf16 near-tie? float32 top-2 gap of the (same-function) small model
                     row[name]["top2_gap_at_mismatch_f32"] = top2_logit_gap(
-                        reference32(), list(prompt) + [int(t) for t in greedy_tokens[:first]])
+                        reference32(), list(prompts[first_row]) + [int(t) for t in greedy_BxN[first_row, :first]])
                 log(f"ctx {ctx}: {name} tau {row[name]['tau']:.2f}, {row[name]['tokens_per_s']:.1f} tok/s "
                     f"({row[name]['speedup']:.2f}x), first mismatch {first}"
                     + (f" (float32 top-2 gap there {row[name]['top2_gap_at_mismatch_f32']:.4f})" if first is not None
@@ -234,8 +248,11 @@ def main(argv=None) -> int:
     p.add_argument("--stable-search", type=int, default=0, help="largest prompt offset tried for --stable-gap")
     p.add_argument("--commit-repeats", type=int, default=3,
                    help="times the verify / commit phases of both commit schemes are timed, in turn")
+    p.add_argument("--batch", type=int, default=1, help="sequences per generate call (rows start BATCH_STRIDE apart)")
     p.add_argument("--budget-s", type=float, default=1e9, help="start no new context or phase set after this")
     args = p.parse_args(argv)
+    if args.batch < 1:
+        p.error(f"--batch must be >= 1, got {args.batch}")
     for key, value in (SMOKE if args.smoke else DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
