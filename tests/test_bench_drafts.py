@@ -59,7 +59,7 @@ def test_smoke_run(tmp_path):
         for name in ("a", "b"):
             assert row[name]["tau"] >= 1.0 and row[name]["tokens_per_s"] > 0
             if row["temperature"] == 0:
-                assert row[name]["first_divergence"] == [None, None]  # float32 on the CPU: exactly plain greedy
+                assert row[name]["partings"] == [None, None]  # float32 on the CPU: exactly plain greedy
         assert len(row["b"]["paired_tau_difference"]) == 2 and "paired_tau_difference" not in row["a"]
     md = (tmp_path / "bench_drafts.md").read_text()
-    assert "| 40 | 0.0 |" in md and "b - a tau (paired)" in md
+    assert "| 40 | 0.0 |" in md and "b - a tau (paired)" in md and "| 2/2 | 2/2 |" in md

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from infer.bench.near_tie import first_divergence, greedy_top2_gaps, top2_logit_gap
+from infer.bench.near_tie import first_divergence, greedy_top2_gaps, lossless_cell, parting, top2_logit_gap
 from infer.bench.tiny import tiny_target
 from longspec_jax.kv_cache import init_cache
 from longspec_jax.target import forward, lm_head_logits
@@ -46,3 +46,23 @@ def test_greedy_top2_gaps_follow_the_greedy_path():
     for i in (0, 4):
         np.testing.assert_allclose(gaps[i], top2_logit_gap(target, prompt + tokens[:i].tolist(), chunk=16),
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_parting_measures_the_gap_where_an_output_leaves_the_reference():
+    target = tiny_target(2)
+    prompt = np.random.default_rng(5).integers(0, target.config.vocab_size, 19).tolist()
+    ref, gaps = greedy_top2_gaps(target, prompt, 6, chunk=16)
+    assert parting(target, prompt, ref.tolist(), ref.tolist()) is None
+    ours = ref.tolist()
+    ours[3] = (ours[3] + 1) % target.config.vocab_size
+    p = parting(target, prompt, ours, ref.tolist(), tolerance=float(gaps[3]) + 1e-3)
+    assert p["at"] == 3 and p["near_tie"]
+    np.testing.assert_allclose(p["f32_top2_gap"], gaps[3], rtol=1e-5, atol=1e-5)
+    assert not parting(target, prompt, ours, ref.tolist(), tolerance=float(gaps[3]) - 1e-3)["near_tie"]
+
+
+def test_lossless_cell():
+    near, bad = dict(at=3, f32_top2_gap=0.01, near_tie=True), dict(at=9, f32_top2_gap=2.0, near_tie=False)
+    assert lossless_cell([None, None]) == "2/2"
+    assert lossless_cell([None, near]) == "1/2 (1 near-tie)"
+    assert lossless_cell([near, bad, None]) == "1/3 (1 near-tie, 1 NOT a near-tie)"

@@ -48,9 +48,9 @@ def test_table_and_plots_render(tmp_path):
         base = dict(task="t", bucket=bucket, temperature=0.0, batch=1, prefill_s=0.1, peak_bytes=2**31)
         rows.append(dict(base, method="plain", tau=1.0, tokens_per_s=tps, speedup=1.0, repeat_4gram_share=0.5))
         rows.append(dict(base, method="tree[a]4", tau=3.0, tokens_per_s=2 * tps, speedup=2.0,
-                         accept_counts=[1, 2, 3], first_divergence=[None, 7]))
+                         accept_counts=[1, 2, 3], partings=[None, dict(at=7, f32_top2_gap=0.02, near_tie=True)]))
     table = markdown(rows)
-    assert "| t | 2-4k | 0.0 | 1 | tree[a]4 | 3.00 | 200.0 | 2.00x | 0.10 | 2.0 |  | 1/2 |" in table
+    assert "| t | 2-4k | 0.0 | 1 | tree[a]4 | 3.00 | 200.0 | 2.00x | 0.10 | 2.0 |  | 1/2 (1 near-tie) |" in table
     for path in plot(rows, str(tmp_path), ["2-4k", "4-8k"]):
         with open(path, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -77,5 +77,5 @@ def test_smoke_run(tmp_path):
     methods = {r["method"] for r in report["rows"]}
     assert methods == {"plain", "tree[a]2,4,4", "chain[a]4", "pld10"}
     assert {r["batch"] for r in report["rows"]} == {1, 2}
-    assert all(r["first_divergence"] == [None] * 2 for r in report["rows"] if r["method"] != "plain")
+    assert all(r["partings"] == [None] * 2 for r in report["rows"] if r["method"] != "plain")
     assert (tmp_path / "tasks_speed.png").exists() and (tmp_path / "tasks_accept_hist.png").exists()

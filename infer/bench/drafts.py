@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import subprocess
@@ -29,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from infer.bench.harness import log, md_header, md_row, time_runs, write_report
-from infer.bench.near_tie import first_divergence
+from infer.bench.near_tie import lossless_cell, partings
 from infer.bench.spec_inputs import PAD_ARGS
 from infer.decoding import Progress, StopCriteria, prefill_and_first_token
 from infer.generate import pad_prompts, plan_speculative
@@ -180,6 +181,13 @@ def run(args) -> dict:
             texts = [json.loads(line)["text"] for line in f if line.strip()]
         docs = [target.tokenizer(t)["input_ids"] for t in texts]
         impl = "auto"
+
+    @functools.cache
+    def reference32():
+        """The target's function in float32 for the near-tie check (the small fixture also with --pad-script:
+        the padded model computes its function)."""
+        return target if args.smoke else load_target(args.target, dtype=jnp.float32, load_tokenizer=False)
+
     results["target_param_bytes"] = int(sum(x.nbytes for x in jax.tree.leaves(target.params)))
     for temperature in args.temperatures:
         sampling = SamplingConfig(temperature=temperature)
@@ -202,8 +210,8 @@ def run(args) -> dict:
                 else:
                     row[name]["paired_tau_difference"] = paired_tau_difference(spec, baseline)
                 if temperature == 0:
-                    firsts = [first_divergence(s["tokens"], r["tokens"]) for s, r in zip(spec, plain)]
-                    row[name]["first_divergence"] = firsts
+                    row[name]["partings"] = partings(reference32, prompts, [s["tokens"] for s in spec],
+                                                     [r["tokens"] for r in plain])
                 log(f"ctx {context} T={temperature}: {name} tau {row[name]['tau']:.2f}, "
                     f"{row[name]['tokens_per_s']:.1f} tok/s ({row[name]['speedup']:.2f}x)")
             results["rows"].append(row)
@@ -214,10 +222,12 @@ def run(args) -> dict:
 
 def markdown(results: dict, names: list[str]) -> str:
     """One row per (context, T); each draft's tau +- its standard error over prompts, and for every draft after
-    the first the paired per-prompt tau difference to the first +- its standard error."""
+    the first the paired per-prompt tau difference to the first +- its standard error; at T=0, per draft, the
+    outputs equal to plain greedy and whether the others part at near-ties."""
     lines = md_header(["context", "T", "plain tok/s", "repeated 4-grams"] +
                       [f"{n} {what}" for n in names for what in ("tau", "tok/s", "speedup")] +
-                      [f"{n} - {names[0]} tau (paired)" for n in names[1:]])
+                      [f"{n} - {names[0]} tau (paired)" for n in names[1:]] +
+                      [f"{n} T=0 equal to plain" for n in names])
     for row in results["rows"]:
         cells = [row["context"], row["temperature"], f"{row['plain']['tokens_per_s']:.1f}",
                  f"{row['repeat_4gram_share']:.2f}"]
@@ -225,6 +235,7 @@ def markdown(results: dict, names: list[str]) -> str:
             r = row[n]
             cells += [f"{r['tau']:.2f} ± {r['tau_se']:.2f}", f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x"]
         cells += ["{:+.3f} ± {:.3f}".format(*row[n]["paired_tau_difference"]) for n in names[1:]]
+        cells += [lossless_cell(row[n]["partings"]) if "partings" in row[n] else "" for n in names]
         lines.append(md_row(cells))
     return "\n".join(lines) + "\n"
 

@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from infer.bench.harness import md_header, md_row
-from infer.bench.near_tie import first_divergence
+from infer.bench.near_tie import lossless_cell
 
 
 def summarize_runs(runs: list[dict]) -> dict:
@@ -35,17 +35,11 @@ def summarize_runs(runs: list[dict]) -> dict:
     return row
 
 
-def divergences(outputs: list[list[int]], reference: list[list[int]]) -> list[int | None]:
-    """First position where each output leaves the reference (plain) output, None where equal."""
-    return [first_divergence(o, r) for o, r in zip(outputs, reference)]
-
-
 def markdown(rows: list[dict]) -> str:
     lines = md_header(["task", "bucket", "T", "batch", "method", "tau", "tok/s", "speedup", "prefill s",
                        "peak GiB", "repeated 4-grams", "T=0 equal to plain"])
     for r in rows:
-        equal = "" if r.get("first_divergence") is None else \
-            f"{sum(f is None for f in r['first_divergence'])}/{len(r['first_divergence'])}"
+        equal = "" if r.get("partings") is None else lossless_cell(r["partings"])
         peak = "" if r.get("peak_bytes") is None else f"{r['peak_bytes'] / 2**30:.1f}"
         lines.append(md_row([r["task"], r["bucket"], r["temperature"], r["batch"], r["method"], f"{r['tau']:.2f}",
                              f"{r['tokens_per_s']:.1f}", f"{r.get('speedup', float('nan')):.2f}x",

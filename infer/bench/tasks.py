@@ -14,14 +14,16 @@ Methods (``--methods``; plain first, the baseline of every speedup): ``plain``; 
 ``--drafts`` with each shape of ``--tree-shapes``); ``chain`` (each draft, ``--chain``); ``pld`` (prompt lookup on
 our verify path, ``--pld-tokens``); ``hf`` and ``hf_pld`` (Hugging Face ``generate`` in PyTorch on the target's
 directory, plain and with ``prompt_lookup_num_tokens``; batch 1 only). Times exclude prefill (generation minus the
-same call with one new token). At T=0 each output is compared with plain's (first divergence; bf16 paths may part
-at near-ties, architecture.md section 7).
+same call with one new token). At T=0 each output is compared with plain's: where it parts, the float32 top-2
+logit gap there says whether that is a near-tie, where bf16 paths may part (architecture.md section 7), or a
+lossless failure (``--reference32``: the target's function in float32, e.g. the small fixture for a padded target).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import os
 
@@ -32,7 +34,8 @@ from infer.bench.drafts import repeat_4gram_share
 from infer.bench.harness import arg_parser, log, median_call, write_report
 from infer.bench.task_data import (Sample, bucket_bounds, bucket_name, load_longbench, load_reasoning,
                                    repo_completion, select)
-from infer.bench.task_report import divergences, markdown, plot, summarize_runs
+from infer.bench.near_tie import partings
+from infer.bench.task_report import markdown, plot, summarize_runs
 from infer.generate import generate
 from infer.lookup import PromptLookup
 
@@ -145,6 +148,16 @@ def run(args) -> dict:
         if args.max_tokens is None:
             args.max_tokens = target.config.max_position_embeddings - 2000
     methods = parse_methods(args.methods, list(drafts), args.tree_shapes, args.chain, args.pld_tokens)
+
+    @functools.cache
+    def reference32():
+        if args.smoke:
+            return target
+        from jax import numpy as jnp
+
+        from longspec_jax import load_target
+        return load_target(args.reference32 or args.target, dtype=jnp.float32, load_tokenizer=False)
+
     hf = None
     if any(m.hf_lookup is not None for m in methods):
         from infer.bench.task_hf import HFRunner
@@ -172,14 +185,14 @@ def run(args) -> dict:
                                method=method.name, **summarize_runs(runs),
                                peak_bytes=max(hf_peaks) if hf_peaks else peak_bytes())
                     outputs = [t for r in runs for t in r["tokens"]]
+                    prompts = [s.tokens for b in batches for s in b]
                     if plain is None:
                         plain = dict(tps=row["tokens_per_s"], outputs=outputs)
-                        prompts = [s.tokens for b in batches for s in b]
                         row["repeat_4gram_share"] = float(np.mean([repeat_4gram_share(p, o)
                                                                    for p, o in zip(prompts, outputs)]))
                     row["speedup"] = row["tokens_per_s"] / plain["tps"]
                     if temperature == 0 and method.name != "plain":
-                        row["first_divergence"] = divergences(outputs, plain["outputs"])
+                        row["partings"] = partings(reference32, prompts, outputs, plain["outputs"])
                     results["rows"].append(row)
                     log(f"{task} {bucket} T={temperature} B={batch_size} {method.name}: tau {row['tau']:.2f}, "
                         f"{row['tokens_per_s']:.1f} tok/s ({row['speedup']:.2f}x)")
@@ -211,6 +224,8 @@ def main(argv=None) -> int:
     p.add_argument("--ignore-eos", action="store_true", help="always generate --new-tokens tokens")
     p.add_argument("--reps", type=int, default=3, help="timed calls per measurement (median)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reference32", help="HF directory of the target's function for the float32 near-tie check "
+                                         "(default --target; the small fixture for a padded target)")
     args = p.parse_args(argv)
     if args.smoke:  # one draft, one shape, T=0: a couple of minutes of CPU compiles
         args.buckets, args.min_tokens, args.new_tokens, args.per_bucket = "16-64", 0, 10, 2
