@@ -55,8 +55,8 @@ def parse_args(argv=None):
     p.add_argument("--new-tokens", type=int, default=74)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"),
-                   help="table dtype (jax 0.11.2's Mosaic GPU attention kernel fails on bfloat16: use float16 "
-                        "to compare it)")
+                   help="table dtype (jax 0.11.2's Mosaic GPU attention kernel takes float16 only: its mgpu column "
+                        "is measured with float16 only)")
     p.add_argument("--impls", default="gpu,pallas,cudnn,xla,naive,cache,kernel,cache_cudnn,mgpu,tree,decode,"
                                       "decode_cudnn,dpa",
                    help="table columns: hybrid gpu (= auto on a GPU) / pallas / cudnn / xla / naive, the Pallas "

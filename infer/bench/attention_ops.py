@@ -179,7 +179,8 @@ def build_ops(args, backend) -> dict:
     }
     if on_gpu:  # cuDNN and Mosaic GPU exist only there
         ops["cudnn"] = (hybrid("cudnn"), HYBRID_USES, True)
-        ops["mgpu"] = (mgpu_split_attention, CACHE_USES, True)
+        if args.dtype == "float16":  # jax's Mosaic GPU flash kernel takes float16 only
+            ops["mgpu"] = (mgpu_split_attention, CACHE_USES, True)
     return ops
 
 
