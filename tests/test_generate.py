@@ -193,6 +193,7 @@ def test_on_tokens_streams_every_emitted_token_in_order(target, prompts, free_ru
         generate(target, prompts, max_new_tokens=4, on_tokens=42)
 
 
+@pytest.mark.slow
 def test_pad_prompts_to_shares_one_program_and_keeps_the_tokens():
     from infer.bench.tiny import random_draft, tiny_target
 

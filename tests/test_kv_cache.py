@@ -36,16 +36,18 @@ def test_forward_tree_then_commit_equals_forward_then_compaction():
     cache = init_cache(c.num_layers, B, 32, c.num_kv_heads, c.head_dim, jnp.float32)
     prompt = jax.random.randint(key, (B, T), 0, c.vocab_size)
     causal_BxTxT = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
-    _, cache = forward(target.params, c, prompt, jnp.broadcast_to(jnp.arange(T), (B, T)), cache, causal_BxTxT)
+    forward_c = jax.jit(lambda *a: forward(target.params, c, *a))  # eager op-by-op dispatch takes ~15 s here
+    _, cache = forward_c(prompt, jnp.broadcast_to(jnp.arange(T), (B, T)), cache, causal_BxTxT)
     cache = cache.replace(lengths=jnp.asarray([T, T - 2], jnp.int32))
     tokens = jax.random.randint(jax.random.PRNGKey(4), (B, N), 0, c.vocab_size)
     mask = jnp.broadcast_to(jnp.asarray([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], bool), (B, N, N))
     positions = cache.lengths[:, None] + jnp.asarray([0, 1, 1, 2])
-    hidden_tree, tree_kv = forward_tree(target.params, c, tokens, positions, cache, mask)
-    hidden_full, written = forward(target.params, c, tokens, positions, cache, mask)
+    hidden_tree, tree_kv = jax.jit(lambda *a: forward_tree(target.params, c, *a))(tokens, positions, cache, mask)
+    hidden_full, written = forward_c(tokens, positions, cache, mask)
     np.testing.assert_array_equal(hidden_tree, hidden_full)
     path_BxA, count_B = jnp.asarray([[0, 2, 3], [0, 1, 1]]), jnp.asarray([3, 2])
     out = commit(cache, tree_kv, path_BxA, count_B, jnp.asarray([True, True]))
+    out, written, cache = jax.device_get((out, written, cache))  # index on the host, not op by op on the device
     for b in range(B):
         start = int(cache.lengths[b])
         for layer in range(c.num_layers):

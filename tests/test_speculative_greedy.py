@@ -124,7 +124,8 @@ def _assert_coverage(name: str, stats: list[CaseStats]) -> None:
     assert (thirds >= MIN_EOS_PER_THIRD).all() and (lengths > 0).all(), summary
 
 
-@pytest.mark.parametrize("name", sorted(SCENARIOS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == "default-tree-b1" else pytest.mark.slow)
+                                  for n in sorted(SCENARIOS)])  # the default tree in the default suite
 def test_speculative_greedy_equals_plain_greedy(name):
     stats = []
     for case in _cases(name):
@@ -175,7 +176,8 @@ def test_rows_stop_independently_at_eos(greedy_case):
     assert out.num_generated[0] <= 7 and out.tokens[0, out.num_generated[0] - 1] == eos
 
 
-@pytest.mark.parametrize("temperature", [1e-30, float(np.nextafter(MIN_TEMPERATURE, 0)), MIN_TEMPERATURE])
+@pytest.mark.parametrize("temperature", [1e-30, float(np.nextafter(MIN_TEMPERATURE, 0)),
+                                         pytest.param(MIN_TEMPERATURE, marks=pytest.mark.slow)])
 def test_tiny_temperature_equals_greedy(greedy_case, temperature):
     """Below MIN_TEMPERATURE both decoders are greedy (at T = 1e-30, logits / T used to overflow and both emitted
     token 0 forever); at it they sample, and their draws on these well-separated logits are the greedy tokens."""
@@ -186,6 +188,7 @@ def test_tiny_temperature_equals_greedy(greedy_case, temperature):
         np.testing.assert_array_equal(out.tokens, free.tokens)
 
 
+@pytest.mark.slow
 def test_pallas_speculative_equals_plain_greedy(greedy_case):
     """Every attention of the speculative loop (prefill, draft, verification) through the Pallas kernels, in
     interpret mode on the CPU, against plain greedy decoding through XLA."""

@@ -88,6 +88,7 @@ def _random_qkv(seed: int, B=2, T=12, H=4, K=2, D=8):
             jax.random.normal(kv, (B, T, K, D)))
 
 
+@pytest.mark.slow
 def test_noisy_cross_attention_sees_keys_up_to_t_minus_s():
     q, k, v = _random_qkv(0)
     B, T = q.shape[:2]

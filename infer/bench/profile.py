@@ -167,7 +167,7 @@ def main(argv=None) -> int:
     args.contexts = [int(x) for x in (args.contexts or ("40" if args.smoke else "16384,32768")).split(",") if x]
     args.reps = args.reps or (2 if args.smoke else 20)
     args.options = {"default": {}, **json.loads(args.options)}
-    args.stable_search = 0
+    args.stable_search, args.batch = 0, 1  # spec.load_pair reads these: prompt offset 0, one sequence
     if args.model == "padded" and not args.smoke and not (args.fixture and args.pad_script):
         p.error("--fixture and --pad-script are required with --model padded (or --smoke)")
     results = run(args)
