@@ -11,11 +11,11 @@ greedy continuation, exact or wrong at every 4th position) through ``Draft.logit
 runs in full, only its logits are replaced.
 
 Prompt: source files of the dev-split repos (pygments, pyparsing, mpmath) concatenated, cut to each context
-(with ``--batch B``, row b starts ``b * BATCH_STRIDE`` tokens later; tokens/s are summed over the rows, tau is their
-mean) (from ``--stable-gap`` on, for row 0: starting at an offset whose float32 greedy continuation has no near-tie, since in bf16
+(from ``--stable-gap`` on: starting at an offset whose float32 greedy continuation has no near-tie, since in bf16
 the plain and the speculative output may part at a near-tie, after which an oracle replaying the plain output
-predicts the wrong text). Where a speculative output differs from plain greedy, the float32 top-2 logit gap at
-the first difference is recorded (the small fixture computes the padded model's function).
+predicts the wrong text). With ``--batch B``, row b starts ``b * BATCH_STRIDE`` tokens after row 0; tokens/s are
+summed over the rows and tau is their mean. Where a speculative output differs from plain greedy, the float32
+top-2 logit gap at the first difference is recorded (the small fixture computes the padded model's function).
 Timings: jitted functions, compile excluded, ``block_until_ready``. Generation loops: median over runs. Phases
 (:mod:`infer.bench.spec_phases`): each phase repeated ``--phase-reps`` times inside one jitted ``fori_loop`` from
 the post-prefill state; the phases of the two commit schemes are timed in turn, ``--commit-repeats`` times.
