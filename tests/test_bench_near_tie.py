@@ -5,7 +5,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from infer.bench.near_tie import first_divergence, greedy_top2_gaps, lossless_cell, parting, top2_logit_gap
+from infer.bench.near_tie import (earliest_parting, first_divergence, float32_reference, greedy_top2_gaps,
+                                  lossless_cell, parting, partings, top2_logit_gap)
 from infer.bench.tiny import tiny_target
 from longspec_jax.kv_cache import init_cache
 from longspec_jax.target import forward, lm_head_logits
@@ -66,3 +67,20 @@ def test_lossless_cell():
     assert lossless_cell([None, None]) == "2/2"
     assert lossless_cell([None, near]) == "1/2 (1 near-tie)"
     assert lossless_cell([near, bad, None]) == "1/3 (1 near-tie, 1 NOT a near-tie)"
+
+
+def test_partings_earliest_and_the_lazy_reference():
+    target = tiny_target(2)
+    prompt = np.random.default_rng(6).integers(0, target.config.vocab_size, 11).tolist()
+    ref = greedy_top2_gaps(target, prompt, 5, chunk=16)[0].tolist()
+    loads = []
+    load = float32_reference(None, target)
+    counted = lambda: loads.append(1) or load()  # noqa: E731
+    assert partings(counted, [prompt] * 2, [ref, ref], [ref, ref]) == [None, None] and not loads  # never loaded
+    late, early = list(ref), list(ref)
+    V = target.config.vocab_size
+    late[4], early[1] = (ref[4] + 1) % V, (ref[1] + 1) % V
+    rows = partings(counted, [prompt] * 3, [ref, late, early], [ref] * 3)
+    assert rows[0] is None and rows[1]["at"] == 4 and rows[2]["at"] == 1 and len(loads) == 1
+    assert earliest_parting(rows) is rows[2] and earliest_parting([None, None]) is None
+    assert load() is target  # path None: the (float32) model itself

@@ -19,12 +19,6 @@ def test_markdown_rows_and_phases():
     assert "Phases at 40 (ms): plain decode step 10.00; verify 2.000" in md and "samples" not in md
 
 
-def test_first_mismatches_per_row_and_earliest():
-    greedy = [[1, 2, 3, 4], [1, 2, 3, 4], [5, 6, 7, 8]]
-    assert bench_spec.first_mismatches([[1, 2, 3, 4], [1, 2, 9, 4], [5, 0, 7, 8]], greedy) == ([None, 2, 1], 1, 2)
-    assert bench_spec.first_mismatches([[1, 2, 3, 4]], greedy[:1]) == ([None], None, None)
-
-
 @pytest.mark.slow
 def test_bench_spec_smoke(tmp_path):
     """Batch 2 (the batch-1 case is the same code with one row)."""
@@ -35,7 +29,7 @@ def test_bench_spec_smoke(tmp_path):
     assert results["batch"] == 2
     row = results["contexts"]["40"]
     for name in ("random_draft", "oracle_exact", "oracle_wrong_every_4th"):
-        assert row[name]["first_mismatch_per_row"] == [None, None]  # lossless in every row
+        assert row[name]["partings"] == [None, None]  # lossless in every row
         assert row[name]["first_mismatch_vs_greedy"] is None
         assert sum(row[name]["accept_counts"]) == row[name]["rounds"]
     assert row["oracle_exact"]["tau"] > row["random_draft"]["tau"]

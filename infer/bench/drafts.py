@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import json
 import os
 import subprocess
@@ -30,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from infer.bench.harness import log, md_header, md_row, time_runs, write_report
-from infer.bench.near_tie import lossless_cell, partings
+from infer.bench.near_tie import float32_reference, lossless_cell, partings
 from infer.bench.spec_inputs import PAD_ARGS
 from infer.decoding import Progress, StopCriteria, prefill_and_first_token
 from infer.generate import pad_prompts, plan_speculative
@@ -181,12 +180,8 @@ def run(args) -> dict:
             texts = [json.loads(line)["text"] for line in f if line.strip()]
         docs = [target.tokenizer(t)["input_ids"] for t in texts]
         impl = "auto"
-
-    @functools.cache
-    def reference32():
-        """The target's function in float32 for the near-tie check (the small fixture also with --pad-script:
-        the padded model computes its function)."""
-        return target if args.smoke else load_target(args.target, dtype=jnp.float32, load_tokenizer=False)
+    # the small fixture also with --pad-script: the padded model computes its function
+    reference32 = float32_reference(None if args.smoke else args.target, target)
 
     results["target_param_bytes"] = int(sum(x.nbytes for x in jax.tree.leaves(target.params)))
     for temperature in args.temperatures:

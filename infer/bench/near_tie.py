@@ -14,11 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from infer.generate import pad_prompts
+from longspec_jax.checkpoint import load_target
 from longspec_jax.kv_cache import init_cache
 from longspec_jax.target import forward, lm_head_logits, prefill
 
 __all__ = ["first_divergence", "top2_logit_gap", "greedy_top2_gaps", "NEAR_TIE_GAP", "parting", "partings",
-           "lossless_cell"]
+           "earliest_parting", "lossless_cell", "float32_reference"]
 
 # bf16 logits of the fixture differ between attention paths by up to a few hundredths: a bf16 greedy output may
 # part from another only where the float32 top-2 logit gap is below this (a near-tie).
@@ -49,6 +50,22 @@ def partings(load_target32, prompts, outputs, refs, tolerance: float = NEAR_TIE_
         return [None] * len(outputs)
     target32 = load_target32()
     return [parting(target32, p, o, r, tolerance) for p, o, r in zip(prompts, outputs, refs)]
+
+
+def earliest_parting(partings: list) -> dict | None:
+    """The parting at the smallest position (the first row's on a tie), None if no output parts."""
+    parted = [p for p in partings if p is not None]
+    return min(parted, key=lambda p: p["at"]) if parted else None
+
+
+def float32_reference(path: str | None, target):
+    """A cached zero-argument loader of the model whose float32 logits judge partings: the HF directory ``path``
+    in float32 (for a padded target, the small model computing its function), or ``target`` itself when
+    ``path`` is None (a float32 smoke model). Nothing is loaded until it is called."""
+    @functools.cache
+    def load():
+        return target if path is None else load_target(path, dtype=jnp.float32, load_tokenizer=False)
+    return load
 
 
 def lossless_cell(partings: list) -> str:

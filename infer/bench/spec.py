@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import functools
 import time
 import traceback
 
@@ -39,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from infer.bench.harness import arg_parser, error_text, log, md_header, md_row, time_runs, write_report
-from infer.bench.near_tie import first_divergence, top2_logit_gap
+from infer.bench.near_tie import earliest_parting, float32_reference, partings
 from infer.bench.oracle import oracle_hook, oracle_table
 from infer.bench.spec_inputs import build_padded_pair, dev_prompt_tokens, stable_prompt_offset
 from infer.bench.spec_phases import draft_state_bytes, phase_times
@@ -77,29 +76,16 @@ def stream_length(args) -> int:
     return max(args.contexts) + args.stable_search + (args.batch - 1) * BATCH_STRIDE
 
 
-def first_mismatches(out_BxN, greedy_BxN) -> tuple[list, int | None, int | None]:
-    """Per row, the first position where a speculative output parts from plain greedy (None: equal), the
-    earliest of them and its row."""
-    per_row = [first_divergence(o, g) for o, g in zip(out_BxN, greedy_BxN)]
-    parted = [(f, b) for b, f in enumerate(per_row) if f is not None]
-    first, row = min(parted) if parted else (None, None)
-    return per_row, first, row
-
 
 def run(args) -> dict:
-    from longspec_jax import load_target
-
     results: dict = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
                      "jax": jax.__version__, "tree_shape": list(TREE), "batch": args.batch, "contexts": {}}
     t0 = time.perf_counter()
     target, draft, prompt_stream, impl = load_pair(args)
     results["load_s"] = time.perf_counter() - t0
 
-    @functools.cache
-    def reference32():
-        """The target's function in float32, for near-tie checks: the small fixture (the padded model computes
-        the same function), or the tiny model itself in smoke mode."""
-        return target if args.smoke else load_target(args.fixture, dtype=jnp.float32, load_tokenizer=False)
+    # the target's function in float32, for near-tie checks: the small fixture computes the padded model's
+    reference32 = float32_reference(None if args.smoke else args.fixture, target)
 
     tparams = target.params
     cfg = target.config
@@ -187,19 +173,20 @@ def run(args) -> dict:
                                        lambda st: loop_fn(tparams, w, st), args.reps)
                 gen_B = np.asarray(state.progress.num_generated)
                 rounds_B = np.asarray(state.progress.num_rounds)
-                per_row, first, first_row = first_mismatches(np.asarray(state.progress.tokens)[:, :N_new], greedy_BxN)
+                row_partings = partings(reference32, prompts, np.asarray(state.progress.tokens)[:, :N_new], greedy_BxN)
+                first = earliest_parting(row_partings)
                 tps = float((gen_B - 1).sum()) / sec
                 row[name] = dict(seconds=sec, rounds=int(rounds_B.sum()), generated=int(gen_B.sum()),
                                  tau=float(np.mean(gen_B / (rounds_B + 1))), tokens_per_s=tps,
                                  speedup=tps / row["vanilla"]["tokens_per_s"],
                                  accept_counts=np.asarray(state.accept_counts).sum(0).tolist(),
-                                 first_mismatch_vs_greedy=first, first_mismatch_per_row=per_row)
+                                 first_mismatch_vs_greedy=None if first is None else first["at"],
+                                 partings=row_partings)
                 del state
                 if first is not None:  # is it a bf16 near-tie? float32 top-2 gap of the (same-function) small model
-                    row[name]["top2_gap_at_mismatch_f32"] = top2_logit_gap(
-                        reference32(), list(prompts[first_row]) + [int(t) for t in greedy_BxN[first_row, :first]])
+                    row[name]["top2_gap_at_mismatch_f32"] = first["f32_top2_gap"]
                 log(f"ctx {ctx}: {name} tau {row[name]['tau']:.2f}, {row[name]['tokens_per_s']:.1f} tok/s "
-                    f"({row[name]['speedup']:.2f}x), first mismatch {first}"
+                    f"({row[name]['speedup']:.2f}x), first mismatch {row[name]['first_mismatch_vs_greedy']}"
                     + (f" (float32 top-2 gap there {row[name]['top2_gap_at_mismatch_f32']:.4f})" if first is not None
                        else ""))
             except Exception as e:  # noqa: BLE001

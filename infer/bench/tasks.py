@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import functools
 import json
 import os
 
@@ -34,7 +33,7 @@ from infer.bench.drafts import repeat_4gram_share
 from infer.bench.harness import arg_parser, log, median_call, write_report
 from infer.bench.task_data import (Sample, bucket_bounds, bucket_name, load_longbench, load_reasoning,
                                    repo_completion, select)
-from infer.bench.near_tie import partings
+from infer.bench.near_tie import float32_reference, partings
 from infer.bench.task_report import markdown, plot, summarize_runs
 from infer.generate import generate
 from infer.lookup import PromptLookup
@@ -148,15 +147,7 @@ def run(args) -> dict:
         if args.max_tokens is None:
             args.max_tokens = target.config.max_position_embeddings - 2000
     methods = parse_methods(args.methods, list(drafts), args.tree_shapes, args.chain, args.pld_tokens)
-
-    @functools.cache
-    def reference32():
-        if args.smoke:
-            return target
-        from jax import numpy as jnp
-
-        from longspec_jax import load_target
-        return load_target(args.reference32 or args.target, dtype=jnp.float32, load_tokenizer=False)
+    reference32 = float32_reference(None if args.smoke else args.reference32 or args.target, target)
 
     hf = None
     if any(m.hf_lookup is not None for m in methods):
