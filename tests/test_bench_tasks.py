@@ -13,7 +13,7 @@ import pytest
 
 from infer import generate
 from infer.bench.task_report import markdown, plot, summarize_runs
-from infer.bench.tasks import main, parse_methods
+from infer.bench.tasks import main, parse_methods, probe_tokens
 from longspec_jax import load_target
 from tests.train_helpers import build_target_dir
 
@@ -21,9 +21,10 @@ from tests.train_helpers import build_target_dir
 def test_methods_expand_drafts_and_shapes():
     methods = parse_methods(["plain", "tree", "chain", "pld", "hf", "hf_pld"], ["ours", "ref"],
                             [(4, 16), (2, 8, 8)], (1, 1, 1), 10)
+    # the shape sweep for the first draft, the first shape for the others
     assert [m.name for m in methods] == ["plain", "tree[ours]4,16", "tree[ours]2,8,8", "tree[ref]4,16",
-                                         "tree[ref]2,8,8", "chain[ours]3", "chain[ref]3", "pld10", "hf", "hf_pld"]
-    assert methods[-1].hf_lookup == 10 and methods[-2].hf_lookup == 0 and methods[7].lookup.num_tokens == 10
+                                         "chain[ours]3", "chain[ref]3", "pld10", "hf", "hf_pld"]
+    assert methods[-1].hf_lookup == 10 and methods[-2].hf_lookup == 0 and methods[6].lookup.num_tokens == 10
     with pytest.raises(ValueError, match="start with plain"):
         parse_methods(["tree", "plain"], ["a"], [(2,)], (1,), 4)
     with pytest.raises(ValueError, match="unknown method 'medusa'"):
@@ -31,15 +32,34 @@ def test_methods_expand_drafts_and_shapes():
 
 
 def test_summary_arithmetic():
-    runs = [dict(generated=[10, 6], rounds=[4, 2], total_s=1.0, prefill_s=0.2, accept_counts=[[1, 2], [0, 2]]),
-            dict(generated=[8], rounds=[3], total_s=0.5, prefill_s=0.1, accept_counts=[[1, 2]])]
+    runs = [dict(generated=[10, 10], rounds=[4, 3], total_s=1.0, probe_generated=[6, 6], probe_s=0.7,
+                 accept_counts=[[1, 2], [0, 2]]),
+            dict(generated=[8], rounds=[3], total_s=0.5, probe_generated=[5], probe_s=0.35, accept_counts=[[1, 2]])]
     row = summarize_runs(runs)
-    assert row["generated"] == 24 and row["rounds"] == 9 and row["sequences"] == 3
-    assert row["tau"] == pytest.approx(24 / 12)                       # tokens / (rounds + 1 per sequence)
-    assert row["tokens_per_s"] == pytest.approx((24 - 3) / (0.8 + 0.4))  # after prefill's first token
+    assert row["generated"] == 28 and row["rounds"] == 10 and row["sequences"] == 3
+    assert row["tau"] == pytest.approx(28 / 13)                          # tokens / (rounds + 1 per sequence)
+    assert row["tokens_per_s"] == pytest.approx((28 - 17) / (0.3 + 0.15))  # between probe and full call
+    # prefill: probe time less its decoding after the first token at 0.3 s / 4 steps and 0.15 s / 3 steps
+    assert row["prefill_s"] == pytest.approx((0.7 - 5 * 0.075) + (0.35 - 4 * 0.05))
     assert row["accept_counts"] == [2, 6]
-    hf = summarize_runs([dict(generated=[5], rounds=None, total_s=1.0, prefill_s=0.5)])
-    assert math.isnan(hf["tau"]) and hf["tokens_per_s"] == pytest.approx(8.0)
+    hf = summarize_runs([dict(generated=[5], rounds=None, total_s=1.0, probe_generated=[1], probe_s=0.5)])
+    assert math.isnan(hf["tau"]) and hf["tokens_per_s"] == pytest.approx(8.0) and hf["prefill_s"] == 0.5
+
+
+def test_probe_reuses_the_full_calls_program():
+    from infer.bench.tiny import random_draft, tiny_target
+    from infer.generate import plan_lookup, plan_shapes, plan_speculative
+    from infer.lookup import PromptLookup
+    from longspec_jax.sampling import SamplingConfig
+
+    assert [probe_tokens(n) for n in (256, 200, 160, 16, 10, 1)] == [129, 129, 1, 9, 1, 1]
+    target, draft, sampling = tiny_target(0), random_draft(1), SamplingConfig(temperature=0.0, top_p=1.0)
+    for n in (256, 200, 16):
+        assert plan_shapes(300, n, 1, 256) == plan_shapes(300, probe_tokens(n), 1, 256)
+        assert (plan_speculative(target, draft, 300, n, sampling, (2, 4), 256, "xla")
+                == plan_speculative(target, draft, 300, probe_tokens(n), sampling, (2, 4), 256, "xla"))
+        assert (plan_lookup(target, PromptLookup(num_tokens=4), 300, n, sampling, 256, "xla")
+                == plan_lookup(target, PromptLookup(num_tokens=4), 300, probe_tokens(n), sampling, 256, "xla"))
 
 
 def test_table_and_plots_render(tmp_path):
@@ -65,9 +85,9 @@ def test_hf_baseline_matches_our_greedy_output(tmp_path):
     ours = generate(target, [prompt], max_new_tokens=12, eos_token_id=[]).tokens[0].tolist()
     runner = HFRunner(str(path))
     for lookup in (0, 4):
-        run = runner.run(prompt, 12, 0.0, lookup, seed=0, eos_ids=[], warm=False)
+        run = runner.run(prompt, 12, 0.0, lookup, seed=0, eos_ids=[])
         assert run["tokens"] == [ours] and run["generated"] == [12]
-        assert run["total_s"] > 0 and run["prefill_s"] > 0
+        assert run["total_s"] > 0 and run["probe_s"] > 0 and run["probe_generated"] == [1]
 
 
 @pytest.mark.slow

@@ -2,9 +2,10 @@
 sample batches, the markdown table, and the plots (tokens/s and tau against context length per method; the
 acceptance-length histogram).
 
-Conventions (reference.md 5.3): tau = tokens generated / (rounds + 1); decode tokens/s = (tokens generated -
-one per sequence) / (generation time - prefill time), summed over the batches; speedup against plain decoding of
-the same samples in the same run.
+Conventions (reference.md 5.3): tau = tokens generated / (rounds + 1); decode tokens/s = (tokens generated - tokens
+of the probe call) / (generation time - probe time), summed over the batches, so prefill is left out; prefill
+time = the probe's time less its own decoding at that rate; speedup against plain decoding of the same samples in
+the same run.
 """
 
 from __future__ import annotations
@@ -19,20 +20,30 @@ from infer.bench.near_tie import lossless_cell
 
 def summarize_runs(runs: list[dict]) -> dict:
     """Totals of one method over its batches; each run: ``generated`` [B], ``rounds`` [B] or None, ``total_s``,
-    ``prefill_s``, optional ``accept_counts`` [B, A]."""
+    ``probe_generated`` [B], ``probe_s``, optional ``accept_counts`` [B, A]."""
     generated = sum(int(np.sum(r["generated"])) for r in runs)
     known = all(r["rounds"] is not None for r in runs)  # HF does not report its rounds
     rounds = sum(int(np.sum(r["rounds"])) for r in runs) if known else None
     sequences = sum(len(r["generated"]) for r in runs)
-    decode_s = sum(r["total_s"] - r["prefill_s"] for r in runs)
+    decoded = generated - sum(int(np.sum(r["probe_generated"])) for r in runs)
+    decode_s = sum(r["total_s"] - r["probe_s"] for r in runs)
     row = dict(sequences=sequences, generated=generated, rounds=rounds,
                tau=generated / (rounds + sequences) if known else float("nan"),
-               decode_s=decode_s, prefill_s=sum(r["prefill_s"] for r in runs),
-               tokens_per_s=(generated - sequences) / decode_s if decode_s > 0 else float("nan"))
+               decode_s=decode_s, prefill_s=sum(prefill_seconds(r) for r in runs),
+               tokens_per_s=decoded / decode_s if decode_s > 0 and decoded > 0 else float("nan"))
     counts = [np.sum(r["accept_counts"], axis=0) for r in runs if r.get("accept_counts") is not None]
     if counts:
         row["accept_counts"] = np.sum(counts, axis=0).tolist()
     return row
+
+
+def prefill_seconds(run: dict) -> float:
+    """The probe's time less its decoding after the first token, at the rate between probe and full call (per
+    step of the batch: rows decode side by side)."""
+    steps = np.mean(run["generated"]) - np.mean(run["probe_generated"])
+    probe_steps = np.mean(run["probe_generated"]) - 1
+    step_s = (run["total_s"] - run["probe_s"]) / steps if steps > 0 else 0.0
+    return run["probe_s"] - probe_steps * step_s
 
 
 def markdown(rows: list[dict]) -> str:

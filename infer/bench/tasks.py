@@ -10,13 +10,18 @@ Samples: the built-in repo-level completion task (``--repo-docs``: a corpus spli
 ``1200 < length <= --max-tokens`` and in ``--buckets``, at most ``--per-bucket`` per (task, bucket). Each bucket
 compiles once per method and batch size (prompts padded to the bucket's top, so prefill covers it).
 
-Methods (``--methods``; plain first, the baseline of every speedup): ``plain``; ``tree`` (each draft of
-``--drafts`` with each shape of ``--tree-shapes``); ``chain`` (each draft, ``--chain``); ``pld`` (prompt lookup on
-our verify path, ``--pld-tokens``); ``hf`` and ``hf_pld`` (Hugging Face ``generate`` in PyTorch on the target's
-directory, plain and with ``prompt_lookup_num_tokens``; batch 1 only). Times exclude prefill (generation minus the
-same call with one new token). At T=0 each output is compared with plain's: where it parts, the float32 top-2
-logit gap there says whether that is a near-tie, where bf16 paths may part (architecture.md section 7), or a
-lossless failure (``--reference32``: the target's function in float32, e.g. the small fixture for a padded target).
+Methods (``--methods``; plain first, the baseline of every speedup): ``plain``; ``tree`` (the first draft of
+``--drafts`` with each shape of ``--tree-shapes``, the sweep; every other draft with the first shape); ``chain``
+(each draft, ``--chain``); ``pld`` (prompt lookup on our verify path, ``--pld-tokens``); ``hf`` and ``hf_pld``
+(Hugging Face ``generate`` in PyTorch on the target's directory, plain and with ``prompt_lookup_num_tokens``; batch
+1 only). Decode tokens/s exclude prefill: they are timed between a probe call and the full call (our methods: the
+probe generates just over half the tokens, so it runs the same compiled program; HF: one token). At T=0 each output
+is compared with plain's: where it parts, the float32 top-2 logit gap there says whether that is a near-tie, where
+bf16 paths may part (architecture.md section 7), or a lossless failure (``--reference32``: the target's function in
+float32; with ``--pad-script`` the small fixture, whose function the padded pair computes).
+
+``--pad-script pad_model.py --work DIR``: the target and drafts are first padded to 8B-like cost (reused when
+already in DIR); every method, HF included, then runs on the padded pair.
 """
 
 from __future__ import annotations
@@ -29,13 +34,13 @@ import os
 import jax
 import numpy as np
 
-from infer.bench.drafts import repeat_4gram_share
+from infer.bench.drafts import pad_pair, repeat_4gram_share
 from infer.bench.harness import arg_parser, log, median_call, write_report
 from infer.bench.task_data import (Sample, bucket_bounds, bucket_name, load_longbench, load_reasoning,
                                    repo_completion, select)
 from infer.bench.near_tie import float32_reference, partings
 from infer.bench.task_report import markdown, plot, summarize_runs
-from infer.generate import generate
+from infer.generate import generate, plan_shapes
 from infer.lookup import PromptLookup
 
 
@@ -56,7 +61,8 @@ def parse_methods(names: list[str], drafts: list[str], shapes: list[tuple], chai
         if name == "plain":
             methods.append(Method("plain"))
         elif name == "tree":
-            methods += [Method(f"tree[{d}]{','.join(map(str, s))}", draft=d, tree=s) for d in drafts for s in shapes]
+            methods += [Method(f"tree[{d}]{','.join(map(str, s))}", draft=d, tree=s)
+                        for i, d in enumerate(drafts) for s in (shapes if i == 0 else shapes[:1])]
         elif name == "chain":
             methods += [Method(f"chain[{d}]{len(chain)}", draft=d, tree=chain) for d in drafts]
         elif name == "pld":
@@ -75,6 +81,15 @@ def peak_bytes() -> int | None:
     return stats.get("peak_bytes_in_use")
 
 
+def probe_tokens(new_tokens: int) -> int:
+    """New tokens of the timing probe: just over half the output buffer (a power of two), so the probe plans the
+    same shapes as a call for ``new_tokens`` and reuses its compiled program; 1 (a compile of its own) where that
+    would leave under a quarter of ``new_tokens`` to time."""
+    out_len = plan_shapes(1, new_tokens, 0, 1)[2]
+    shared = out_len // 2 + 1
+    return shared if plan_shapes(1, shared, 0, 1)[2] == out_len and new_tokens - shared >= new_tokens / 4 else 1
+
+
 class Runner:
     """Runs one method on one batch of samples, compiling (untimed) the first time a shape comes up."""
 
@@ -86,24 +101,25 @@ class Runner:
 
     def __call__(self, method: Method, batch: list[Sample], temperature: float, pad_to: int) -> dict:
         a = self.args
+        if method.hf_lookup is not None:
+            eos_ids = [] if a.ignore_eos else list(self.target.config.eos_token_ids)
+            return self.hf.run(batch[0].tokens, a.new_tokens, temperature, method.hf_lookup, a.seed, eos_ids, a.reps)
         eos = [] if a.ignore_eos else None
         key = (method, len(batch), temperature, pad_to)
         warm, _ = key in self.warm, self.warm.add(key)
-        if method.hf_lookup is not None:
-            eos_ids = [] if a.ignore_eos else list(self.target.config.eos_token_ids)
-            return self.hf.run(batch[0].tokens, a.new_tokens, temperature, method.hf_lookup, a.seed, eos_ids, warm,
-                               a.reps)
         draft = self.drafts[method.draft] if method.draft else method.lookup
         kwargs = dict(draft=draft, temperature=temperature, eos_token_id=eos, seed=a.seed, pad_prompts_to=pad_to,
                       **({"tree_shape": method.tree} if method.tree else {}))
         prompts = [s.tokens for s in batch]
+        probe = probe_tokens(a.new_tokens)
         if not warm:
-            generate(self.target, prompts, max_new_tokens=1, **kwargs)
-            generate(self.target, prompts, max_new_tokens=a.new_tokens, **kwargs)
-        prefill_s, _ = self._median(lambda: generate(self.target, prompts, max_new_tokens=1, **kwargs))
+            for n in dict.fromkeys((a.new_tokens, probe)):
+                generate(self.target, prompts, max_new_tokens=n, **kwargs)
+        probe_s, short = self._median(lambda: generate(self.target, prompts, max_new_tokens=probe, **kwargs))
         total_s, out = self._median(lambda: generate(self.target, prompts, max_new_tokens=a.new_tokens, **kwargs))
         return dict(generated=out.num_generated.tolist(), rounds=out.num_rounds.tolist(), total_s=total_s,
-                    prefill_s=prefill_s, accept_counts=None if out.accept_counts is None else out.accept_counts.tolist(),
+                    probe_generated=short.num_generated.tolist(), probe_s=probe_s,
+                    accept_counts=None if out.accept_counts is None else out.accept_counts.tolist(),
                     tokens=[out.tokens[b, :n].tolist() for b, n in enumerate(out.num_generated)])
 
 
@@ -141,8 +157,11 @@ def run(args) -> dict:
         from jax import numpy as jnp
 
         from longspec_jax import load_draft, load_target
-        target = load_target(args.target, dtype=jnp.bfloat16)
-        drafts = {name: load_draft(path, target) for name, path in args.drafts}
+        target_dir, draft_dirs = args.target, dict(args.drafts)
+        if args.pad_script:
+            target_dir, draft_dirs = pad_pair(args.target, draft_dirs, args.pad_script, args.work)
+        target = load_target(target_dir, dtype=jnp.bfloat16)
+        drafts = {name: load_draft(path, target) for name, path in draft_dirs.items()}
         samples = gather_samples(args, target.tokenizer)
         if args.max_tokens is None:
             args.max_tokens = target.config.max_position_embeddings - 2000
@@ -152,7 +171,7 @@ def run(args) -> dict:
     hf = None
     if any(m.hf_lookup is not None for m in methods):
         from infer.bench.task_hf import HFRunner
-        hf = HFRunner(args.target)
+        hf = HFRunner(target_dir)
     names = [bucket_name(hi, args.buckets) for _, hi in args.buckets]
     groups: dict[tuple, list[Sample]] = {}
     for s in select(samples, args.min_tokens, args.max_tokens, args.buckets, args.per_bucket):
@@ -215,8 +234,10 @@ def main(argv=None) -> int:
     p.add_argument("--ignore-eos", action="store_true", help="always generate --new-tokens tokens")
     p.add_argument("--reps", type=int, default=3, help="timed calls per measurement (median)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pad-script", help="pad_model.py: run on the target and drafts padded to 8B-like cost")
+    p.add_argument("--work", default="/tmp/bench_tasks_padded", help="where the padded pair is written")
     p.add_argument("--reference32", help="HF directory of the target's function for the float32 near-tie check "
-                                         "(default --target; the small fixture for a padded target)")
+                                         "(default --target, which with --pad-script is the small fixture)")
     args = p.parse_args(argv)
     if args.smoke:  # one draft, one shape, T=0: a couple of minutes of CPU compiles
         args.buckets, args.min_tokens, args.new_tokens, args.per_bucket = "16-64", 0, 10, 2
