@@ -62,7 +62,8 @@ def markdown(rows: list[dict]) -> str:
 
 def plot(rows: list[dict], out_dir: str, bucket_order: list[str]) -> list[str]:
     """``tasks_speed.png`` (tokens/s and tau against bucket per method, one panel pair per temperature, batch 1
-    or the smallest batch) and ``tasks_accept_hist.png`` (share of rounds by tokens emitted, per method)."""
+    or the smallest batch) and ``tasks_accept_hist.png`` (share of rounds by tokens emitted, per method, one
+    panel per temperature)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -87,16 +88,20 @@ def plot(rows: list[dict], out_dir: str, bucket_order: list[str]) -> list[str]:
     fig.savefig(paths[0], dpi=100)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, axes = plt.subplots(1, len(temps), figsize=(7 * len(temps), 4), squeeze=False)
     hist_methods = [m for m in methods if any(r.get("accept_counts") for r in rows if r["method"] == m)]
     width = 0.8 / max(len(hist_methods), 1)
-    for i, method in enumerate(hist_methods):
-        counts = np.sum([r["accept_counts"] for r in rows if r["method"] == method and r.get("accept_counts")],
-                        axis=0)
-        ax.bar(np.arange(1, len(counts) + 1) + i * width, counts / counts.sum(), width, label=method)
-    ax.set_xlabel("tokens emitted per round")
-    ax.set_ylabel("share of rounds")
-    ax.legend(fontsize=7)
+    for ax, t in zip(axes[0], temps):
+        for i, method in enumerate(hist_methods):
+            picked = [r["accept_counts"] for r in rows
+                      if r["method"] == method and r["temperature"] == t and r.get("accept_counts")]
+            if picked:
+                counts = np.sum(picked, axis=0)
+                ax.bar(np.arange(1, len(counts) + 1) + i * width, counts / counts.sum(), width, label=method)
+        ax.set_title(f"T={t}: tokens emitted per round (all buckets and batches)")
+        ax.set_xlabel("tokens emitted per round")
+        ax.set_ylabel("share of rounds")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     paths.append(os.path.join(out_dir, "tasks_accept_hist.png"))
     fig.savefig(paths[1], dpi=100)
