@@ -4,6 +4,7 @@ or speculative), and the outputs."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 from typing import Sequence
@@ -116,6 +117,31 @@ def _options(reproducible: bool) -> tuple:
     return tuple(sorted(REPRODUCIBLE_OPTIONS.items())) if reproducible else ()
 
 
+_memory_records: contextvars.ContextVar[list | None] = contextvars.ContextVar("memory_records", default=None)
+
+
+@contextlib.contextmanager
+def recording_program_memory():
+    """Within it, each ``generate()`` call also appends its compiled program's peak device bytes to the yielded
+    list: XLA's memory analysis of the whole call (weights, prompts, caches, temporaries, outputs). Unlike the
+    device's peak counter, it is per program and needs no reset."""
+    records: list[int] = []
+    token = _memory_records.set(records)
+    try:
+        yield records
+    finally:
+        _memory_records.reset(token)
+
+
+def _call_loop(loop: str, reproducible: bool, *args, **static):
+    """Runs a compiled loop (its peak bytes recorded inside :func:`recording_program_memory`)."""
+    jitted = _compiled(loop, _options(reproducible))
+    records = _memory_records.get()
+    if records is not None:
+        records.append(int(jitted.lower(*args, **static).compile().memory_analysis().peak_memory_in_bytes))
+    return jitted(*args, **static)
+
+
 _stream_sinks: list = []  # the on_tokens callbacks of the generate calls in progress (innermost last)
 
 
@@ -202,16 +228,16 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
     settings = DecodeSettings(config=config, sampling=sampling, capacity=capacity, prefill_chunk=chunk,
                               out_len=out_len, prompt_len=padded, impl=resolve_impl(attention))
     tokens, lengths = pad_prompts(prompts, padded)
-    plain_jit = _compiled("plain", _options(reproducible))
     if on_tokens is None:
         with on_mesh(target.mesh):
-            progress = plain_jit(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings)
+            progress = _call_loop("plain", reproducible, target.params, tokens, lengths, stop,
+                                  jax.random.PRNGKey(seed), settings=settings)
         return to_output(progress, max_new_tokens)
     _stream_sinks.append(on_tokens)
     try:
         with on_mesh(target.mesh):
-            progress = plain_jit(target.params, tokens, lengths, stop, jax.random.PRNGKey(seed), settings=settings,
-                                 on_tokens=_stream_to_sink)
+            progress = _call_loop("plain", reproducible, target.params, tokens, lengths, stop,
+                                  jax.random.PRNGKey(seed), settings=settings, on_tokens=_stream_to_sink)
         out = to_output(progress, max_new_tokens)
         jax.effects_barrier()
     finally:
@@ -268,8 +294,8 @@ def _run_rounds(loop: str, settings, target, extra: tuple, prompts, max_new_toke
     ``extra`` inputs) on its mesh, and returns its output with the acceptance counts."""
     tokens, lengths = pad_prompts(prompts, settings.base.prompt_len)
     with on_mesh(target.mesh):
-        state = _compiled(loop, _options(reproducible))(target.params, *extra, tokens, lengths, stop,
-                                                        jax.random.PRNGKey(seed), settings=settings)
+        state = _call_loop(loop, reproducible, target.params, *extra, tokens, lengths, stop,
+                           jax.random.PRNGKey(seed), settings=settings)
     out = to_output(state.progress, max_new_tokens)
     out.accept_counts = np.asarray(state.accept_counts)
     return out

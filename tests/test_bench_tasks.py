@@ -98,4 +98,6 @@ def test_smoke_run(tmp_path):
     assert methods == {"plain", "tree[a]2,4,4", "chain[a]4", "pld10"}
     assert {r["batch"] for r in report["rows"]} == {1, 2}
     assert all(r["partings"] == [None] * 2 for r in report["rows"] if r["method"] != "plain")
+    peak = {(r["method"], r["batch"]): r["peak_bytes"] for r in report["rows"]}  # per program, not per process
+    assert peak["plain", 1] < peak["plain", 2] and peak["plain", 1] < peak["tree[a]2,4,4", 1]
     assert (tmp_path / "tasks_speed.png").exists() and (tmp_path / "tasks_accept_hist.png").exists()

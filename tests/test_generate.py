@@ -209,3 +209,17 @@ def test_pad_prompts_to_shares_one_program_and_keeps_the_tokens():
     assert plain_jit._cache_size() == before + 1
     with pytest.raises(ValueError, match="pad_prompts_to must be a positive integer"):
         generate(target, [[1]], max_new_tokens=2, pad_prompts_to=0)
+
+
+def test_recording_program_memory_gives_each_calls_peak(target, prompts, free_run):
+    import jax
+
+    gen = importlib.import_module("infer.generate")
+    param_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(target.params))
+    with gen.recording_program_memory() as peaks:
+        again = generate(target, prompts, max_new_tokens=24, eos_token_id=[])
+        generate(target, prompts[:1], max_new_tokens=24, eos_token_id=[])
+    np.testing.assert_array_equal(again.tokens, free_run.tokens)  # recording still runs the call
+    assert len(peaks) == 2 and all(p > param_bytes for p in peaks)
+    assert peaks[1] < peaks[0]  # the cache and buffers of one row fewer
+    assert gen._memory_records.get() is None  # off again after the block

@@ -20,6 +20,9 @@ is compared with plain's: where it parts, the float32 top-2 logit gap there says
 bf16 paths may part (architecture.md section 7), or a lossless failure (``--reference32``: the target's function in
 float32; with ``--pad-script`` the small fixture, whose function the padded pair computes).
 
+Peak memory per row: the compiled program's peak device bytes (XLA's memory analysis of the whole call:
+weights, prompts, caches, temporaries, outputs); HF rows: torch's peak over their calls.
+
 ``--pad-script pad_model.py --work DIR``: the target and drafts are first padded to 8B-like cost (reused when
 already in DIR); every method, HF included, then runs on the padded pair.
 """
@@ -40,7 +43,7 @@ from infer.bench.task_data import (Sample, bucket_bounds, bucket_name, load_long
                                    repo_completion, select)
 from infer.bench.near_tie import float32_reference, partings
 from infer.bench.task_report import markdown, plot, summarize_runs
-from infer.generate import generate, plan_shapes
+from infer.generate import generate, plan_shapes, recording_program_memory
 from infer.lookup import PromptLookup
 
 
@@ -74,13 +77,6 @@ def parse_methods(names: list[str], drafts: list[str], shapes: list[tuple], chai
     return methods
 
 
-def peak_bytes() -> int | None:
-    """JAX's peak device memory in this process so far (JAX cannot reset it, so it only grows over the run), or
-    None where JAX does not report it. HF rows report torch's peak over their own calls instead."""
-    stats = jax.local_devices()[0].memory_stats() or {}
-    return stats.get("peak_bytes_in_use")
-
-
 def probe_tokens(new_tokens: int) -> int:
     """New tokens of the timing probe: just over half the output buffer (a power of two), so the probe plans the
     same shapes as a call for ``new_tokens`` and reuses its compiled program; 1 (a compile of its own) where that
@@ -94,7 +90,8 @@ class Runner:
     """Runs one method on one batch of samples, compiling (untimed) the first time a shape comes up."""
 
     def __init__(self, target, drafts: dict, hf, args):
-        self.target, self.drafts, self.hf, self.args, self.warm = target, drafts, hf, args, set()
+        self.target, self.drafts, self.hf, self.args = target, drafts, hf, args
+        self.peak_bytes: dict[tuple, int] = {}  # per compiled program: XLA's peak bytes of the whole call
 
     def _median(self, call):
         return median_call(call, self.args.reps)
@@ -106,19 +103,20 @@ class Runner:
             return self.hf.run(batch[0].tokens, a.new_tokens, temperature, method.hf_lookup, a.seed, eos_ids, a.reps)
         eos = [] if a.ignore_eos else None
         key = (method, len(batch), temperature, pad_to)
-        warm, _ = key in self.warm, self.warm.add(key)
         draft = self.drafts[method.draft] if method.draft else method.lookup
         kwargs = dict(draft=draft, temperature=temperature, eos_token_id=eos, seed=a.seed, pad_prompts_to=pad_to,
                       **({"tree_shape": method.tree} if method.tree else {}))
         prompts = [s.tokens for s in batch]
         probe = probe_tokens(a.new_tokens)
-        if not warm:
-            for n in dict.fromkeys((a.new_tokens, probe)):
-                generate(self.target, prompts, max_new_tokens=n, **kwargs)
+        if key not in self.peak_bytes:  # compile (untimed) and record the programs' memory
+            with recording_program_memory() as peaks:
+                for n in dict.fromkeys((a.new_tokens, probe)):
+                    generate(self.target, prompts, max_new_tokens=n, **kwargs)
+            self.peak_bytes[key] = max(peaks)
         probe_s, short = self._median(lambda: generate(self.target, prompts, max_new_tokens=probe, **kwargs))
         total_s, out = self._median(lambda: generate(self.target, prompts, max_new_tokens=a.new_tokens, **kwargs))
         return dict(generated=out.num_generated.tolist(), rounds=out.num_rounds.tolist(), total_s=total_s,
-                    probe_generated=short.num_generated.tolist(), probe_s=probe_s,
+                    probe_generated=short.num_generated.tolist(), probe_s=probe_s, peak_bytes=self.peak_bytes[key],
                     accept_counts=None if out.accept_counts is None else out.accept_counts.tolist(),
                     tokens=[out.tokens[b, :n].tolist() for b, n in enumerate(out.num_generated)])
 
@@ -190,10 +188,9 @@ def run(args) -> dict:
                     if not batches or (method.hf_lookup is not None and batch_size > 1):
                         continue
                     runs = [runner(method, b, temperature, pad_to) for b in batches]
-                    hf_peaks = [r["peak_bytes"] for r in runs if r.get("peak_bytes") is not None]
+                    peaks = [r["peak_bytes"] for r in runs if r["peak_bytes"] is not None]  # HF on a CPU: none
                     row = dict(task=task, bucket=bucket, temperature=temperature, batch=batch_size,
-                               method=method.name, **summarize_runs(runs),
-                               peak_bytes=max(hf_peaks) if hf_peaks else peak_bytes())
+                               method=method.name, **summarize_runs(runs), peak_bytes=max(peaks, default=None))
                     outputs = [t for r in runs for t in r["tokens"]]
                     prompts = [s.tokens for b in batches for s in b]
                     if plain is None:
