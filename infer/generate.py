@@ -123,8 +123,8 @@ _memory_records: contextvars.ContextVar[list | None] = contextvars.ContextVar("m
 @contextlib.contextmanager
 def recording_program_memory():
     """Within it, each ``generate()`` call also appends its compiled program's peak device bytes to the yielded
-    list: XLA's memory analysis of the whole call (weights, prompts, caches, temporaries, outputs). Unlike the
-    device's peak counter, it is per program and needs no reset."""
+    list (None where the backend gives no analysis): XLA's memory analysis of the whole call (weights, prompts,
+    caches, temporaries, outputs). Unlike the device's peak counter, it is per program and needs no reset."""
     records: list[int] = []
     token = _memory_records.set(records)
     try:
@@ -138,7 +138,9 @@ def _call_loop(loop: str, reproducible: bool, *args, **static):
     jitted = _compiled(loop, _options(reproducible))
     records = _memory_records.get()
     if records is not None:
-        records.append(int(jitted.lower(*args, **static).compile().memory_analysis().peak_memory_in_bytes))
+        stats = jitted.lower(*args, **static).compile().memory_analysis()
+        peak = getattr(stats, "peak_memory_in_bytes", None)  # None where a backend gives no analysis
+        records.append(None if peak is None else int(peak))
     return jitted(*args, **static)
 
 

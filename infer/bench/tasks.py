@@ -91,7 +91,7 @@ class Runner:
 
     def __init__(self, target, drafts: dict, hf, args):
         self.target, self.drafts, self.hf, self.args = target, drafts, hf, args
-        self.peak_bytes: dict[tuple, int] = {}  # per compiled program: XLA's peak bytes of the whole call
+        self.peak_bytes: dict[tuple, int | None] = {}  # per compiled program: XLA's peak bytes of the whole call
 
     def _median(self, call):
         return median_call(call, self.args.reps)
@@ -112,7 +112,7 @@ class Runner:
             with recording_program_memory() as peaks:
                 for n in dict.fromkeys((a.new_tokens, probe)):
                     generate(self.target, prompts, max_new_tokens=n, **kwargs)
-            self.peak_bytes[key] = max(peaks)
+            self.peak_bytes[key] = max((p for p in peaks if p is not None), default=None)
         probe_s, short = self._median(lambda: generate(self.target, prompts, max_new_tokens=probe, **kwargs))
         total_s, out = self._median(lambda: generate(self.target, prompts, max_new_tokens=a.new_tokens, **kwargs))
         return dict(generated=out.num_generated.tolist(), rounds=out.num_rounds.tolist(), total_s=total_s,
@@ -188,7 +188,7 @@ def run(args) -> dict:
                     if not batches or (method.hf_lookup is not None and batch_size > 1):
                         continue
                     runs = [runner(method, b, temperature, pad_to) for b in batches]
-                    peaks = [r["peak_bytes"] for r in runs if r["peak_bytes"] is not None]  # HF on a CPU: none
+                    peaks = [r["peak_bytes"] for r in runs if r["peak_bytes"] is not None]  # None: not reported
                     row = dict(task=task, bucket=bucket, temperature=temperature, batch=batch_size,
                                method=method.name, **summarize_runs(runs), peak_bytes=max(peaks, default=None))
                     outputs = [t for r in runs for t in r["tokens"]]
