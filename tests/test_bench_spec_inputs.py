@@ -35,3 +35,28 @@ def test_stable_prompt_offset_takes_the_first_offset_above_the_gap():
     # no offset qualifies: the one with the largest smallest gap
     offset, gap = spec_inputs.stable_prompt_offset(target, stream, 16, 4, 1e9, search=16, step=8)
     assert offset == 8 * int(np.argmax(gaps)) and gap == pytest.approx(max(gaps))
+
+
+def test_padded_pair_runs_the_pad_script_once_per_model(tmp_path):
+    """``build_padded_pair`` saves a random small draft and pads it and the fixture through ``pad_pair``, with
+    ``PAD_ARGS``; a second call reuses WORK. A stand-in pad script records its arguments."""
+    from tests.train_helpers import build_target_dir
+
+    fixture = build_target_dir(tmp_path / "fixture")
+    calls = tmp_path / "calls.txt"
+    script = tmp_path / "pad.py"
+    script.write_text("import os, sys\n"
+                      f"open({str(calls)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+                      "out = sys.argv[4] if sys.argv[1] == '--draft' else sys.argv[2]\n"
+                      "os.makedirs(out, exist_ok=True)\n"
+                      "open(os.path.join(out, 'config.json'), 'w').write('{}')\n")
+    work = tmp_path / "work"
+    big, big_draft = spec_inputs.build_padded_pair(str(fixture), str(script), str(work))
+    assert (big, big_draft) == (str(work / "target"), str(work / "draft_random"))
+    small_draft = work / "small_draft"
+    assert (small_draft / "config.json").is_file()  # a real draft for the fixture, saved in HF format
+    assert calls.read_text().splitlines() == [
+        " ".join([str(fixture), big, "--overwrite", *spec_inputs.PAD_ARGS]),
+        " ".join(["--draft", str(small_draft), big, big_draft, "--overwrite"])]
+    assert spec_inputs.build_padded_pair(str(fixture), str(script), str(work)) == (big, big_draft)
+    assert len(calls.read_text().splitlines()) == 2  # nothing padded again

@@ -19,10 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import subprocess
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -30,26 +26,12 @@ import numpy as np
 
 from infer.bench.harness import log, md_header, md_row, time_runs, write_report
 from infer.bench.near_tie import float32_reference, lossless_cell, partings
-from infer.bench.spec_inputs import PAD_ARGS
+from infer.bench.spec_inputs import pad_pair
 from infer.decoding import Progress, StopCriteria, prefill_and_first_token
 from infer.generate import pad_prompts, plan_speculative
 from infer.plain import plain_loop
 from infer.speculative import speculative_loop, speculative_start
 from longspec_jax.sampling import SamplingConfig
-
-
-def pad_pair(fixture: str, drafts: dict[str, str], pad_script: str, work: str) -> tuple[str, dict[str, str]]:
-    """The target and each draft padded to 8B-like cost by ``pad_model.py`` (reused when already in ``work``)."""
-    big = os.path.join(work, "target")
-    jobs = [([fixture, big, "--overwrite", *PAD_ARGS], big)]
-    padded = {name: os.path.join(work, f"draft_{name}") for name in drafts}
-    jobs += [(["--draft", path, big, padded[name], "--overwrite"], padded[name]) for name, path in drafts.items()]
-    for args, out in jobs:
-        if not os.path.isfile(os.path.join(out, "config.json")):
-            t0 = time.perf_counter()
-            subprocess.run([sys.executable, pad_script, *args], check=True)
-            log(f"padded {out} in {time.perf_counter() - t0:.0f} s")
-    return big, padded
 
 
 def prompt_windows(docs: list[list[int]], context: int, count: int, seed: int) -> list[list[int]]:

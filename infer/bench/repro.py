@@ -27,9 +27,10 @@ import sys
 
 import numpy as np
 
-from infer.bench.drafts import pad_pair, prompt_windows
+from infer.bench.drafts import prompt_windows
 from infer.bench.harness import arg_parser, log, md_header, md_row, median_call, write_report
 from infer.bench.near_tie import first_divergence
+from infer.bench.spec_inputs import pad_pair
 
 MODES = {"off": False, "on": True}  # --modes name -> generate(reproducible=...)
 

@@ -76,7 +76,6 @@ def stream_length(args) -> int:
     return max(args.contexts) + args.stable_search + (args.batch - 1) * BATCH_STRIDE
 
 
-
 def run(args) -> dict:
     results: dict = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
                      "jax": jax.__version__, "tree_shape": list(TREE), "batch": args.batch, "contexts": {}}

@@ -1,5 +1,5 @@
-"""Inputs of the speculative-decoding benchmark: the 8B-cost padded pair, the dev-split prompt, and a prompt
-offset without near-ties."""
+"""Inputs of the speculative-decoding benchmarks: the 8B-cost padded pair (given drafts, or a random one), the
+dev-split prompt, and a prompt offset without near-ties."""
 
 from __future__ import annotations
 
@@ -20,25 +20,34 @@ PAD_ARGS = ["--hidden-size", "4608", "--intermediate-size", "14336", "--num-laye
 DEV_REPOS = ("pygments", "pyparsing", "mpmath")
 
 
+def pad_pair(fixture: str, drafts: dict[str, str], pad_script: str, work: str) -> tuple[str, dict[str, str]]:
+    """The target and each draft padded to 8B-like cost by ``pad_model.py`` (reused when already in ``work``)."""
+    big = os.path.join(work, "target")
+    jobs = [([fixture, big, "--overwrite", *PAD_ARGS], big)]
+    padded = {name: os.path.join(work, f"draft_{name}") for name in drafts}
+    jobs += [(["--draft", path, big, padded[name], "--overwrite"], padded[name]) for name, path in drafts.items()]
+    for args, out in jobs:
+        if not os.path.isfile(os.path.join(out, "config.json")):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, pad_script, *args], check=True)
+            log(f"padded {out} in {time.perf_counter() - t0:.0f} s")
+    return big, padded
+
+
 def build_padded_pair(fixture: str, pad_script: str, work: str) -> tuple[str, str]:
     """Pads the fixture and a random small draft to 8B-like cost (reuses WORK if already built); returns the
     target and draft directories."""
     from longspec_jax import load_target, save_draft
     from longspec_jax.draft import DraftConfig, init_draft
 
-    big, small_draft, big_draft = (os.path.join(work, n) for n in ("big", "small_draft", "big_draft"))
-    if not os.path.isfile(os.path.join(big_draft, "model.safetensors")):
+    small_draft = os.path.join(work, "small_draft")
+    if not os.path.isfile(os.path.join(small_draft, "config.json")):
         os.makedirs(work, exist_ok=True)
         small = load_target(fixture, dtype=jnp.float32, load_tokenizer=False)
         draft = init_draft(DraftConfig.from_target(small.config), jax.random.PRNGKey(0))
         save_draft(draft, small_draft, format="hf", target=small)
-        for cmd in ([sys.executable, pad_script, fixture, big, "--overwrite", *PAD_ARGS],
-                    [sys.executable, pad_script, "--draft", small_draft, big, big_draft, "--overwrite"]):
-            t0 = time.perf_counter()
-            subprocess.run(cmd, check=True)
-            log(f"{os.path.basename(pad_script)} {'--draft ' if '--draft' in cmd else ''}took "
-                f"{time.perf_counter() - t0:.0f} s")
-    return big, big_draft
+    big, padded = pad_pair(fixture, {"random": small_draft}, pad_script, work)
+    return big, padded["random"]
 
 
 def dev_prompt_tokens(tokenizer, count: int) -> list[int]:

@@ -37,11 +37,12 @@ import os
 import jax
 import numpy as np
 
-from infer.bench.drafts import pad_pair, repeat_4gram_share
+from infer.bench.drafts import repeat_4gram_share
 from infer.bench.harness import arg_parser, log, median_call, write_report
 from infer.bench.task_data import (Sample, bucket_bounds, bucket_name, load_longbench, load_reasoning,
                                    repo_completion, select)
 from infer.bench.near_tie import float32_reference, partings
+from infer.bench.spec_inputs import pad_pair
 from infer.bench.task_report import markdown, plot, summarize_runs
 from infer.generate import generate, plan_shapes, recording_program_memory
 from infer.lookup import PromptLookup
@@ -91,6 +92,7 @@ class Runner:
 
     def __init__(self, target, drafts: dict, hf, args):
         self.target, self.drafts, self.hf, self.args = target, drafts, hf, args
+        self.probe = probe_tokens(args.new_tokens)
         self.peak_bytes: dict[tuple, int | None] = {}  # per compiled program: XLA's peak bytes of the whole call
 
     def _median(self, call):
@@ -107,13 +109,12 @@ class Runner:
         kwargs = dict(draft=draft, temperature=temperature, eos_token_id=eos, seed=a.seed, pad_prompts_to=pad_to,
                       **({"tree_shape": method.tree} if method.tree else {}))
         prompts = [s.tokens for s in batch]
-        probe = probe_tokens(a.new_tokens)
         if key not in self.peak_bytes:  # compile (untimed) and record the programs' memory
             with recording_program_memory() as peaks:
-                for n in dict.fromkeys((a.new_tokens, probe)):
+                for n in dict.fromkeys((a.new_tokens, self.probe)):
                     generate(self.target, prompts, max_new_tokens=n, **kwargs)
             self.peak_bytes[key] = max((p for p in peaks if p is not None), default=None)
-        probe_s, short = self._median(lambda: generate(self.target, prompts, max_new_tokens=probe, **kwargs))
+        probe_s, short = self._median(lambda: generate(self.target, prompts, max_new_tokens=self.probe, **kwargs))
         total_s, out = self._median(lambda: generate(self.target, prompts, max_new_tokens=a.new_tokens, **kwargs))
         return dict(generated=out.num_generated.tolist(), rounds=out.num_rounds.tolist(), total_s=total_s,
                     probe_generated=short.num_generated.tolist(), probe_s=probe_s, peak_bytes=self.peak_bytes[key],
