@@ -32,15 +32,20 @@ def test_methods_expand_drafts_and_shapes():
 
 
 def test_summary_arithmetic():
-    runs = [dict(generated=[10, 10], rounds=[4, 3], total_s=1.0, probe_generated=[6, 6], probe_s=0.7,
-                 accept_counts=[[1, 2], [0, 2]]),
-            dict(generated=[8], rounds=[3], total_s=0.5, probe_generated=[5], probe_s=0.35, accept_counts=[[1, 2]])]
+    runs = [dict(generated=[10, 10], rounds=[4, 3], total_s=1.0, probe_generated=[6, 6], probe_rounds=[2, 2],
+                 probe_s=0.7, accept_counts=[[1, 2], [0, 2]]),
+            dict(generated=[8], rounds=[3], total_s=0.5, probe_generated=[5], probe_rounds=[1], probe_s=0.35,
+                 accept_counts=[[1, 2]])]
     row = summarize_runs(runs)
     assert row["generated"] == 28 and row["rounds"] == 10 and row["sequences"] == 3
     assert row["tau"] == pytest.approx(28 / 13)                          # tokens / (rounds + 1 per sequence)
     assert row["tokens_per_s"] == pytest.approx((28 - 17) / (0.3 + 0.15))  # between probe and full call
-    # prefill: probe time less its decoding after the first token at 0.3 s / 4 steps and 0.15 s / 3 steps
-    assert row["prefill_s"] == pytest.approx((0.7 - 5 * 0.075) + (0.35 - 4 * 0.05))
+    # prefill: probe time less its passes, at the cost per pass between probe and full call (the batch's longest
+    # row: 0.3 s / (4 - 2) passes, 0.15 s / (3 - 1)); per token the first run's would be 0.7 - 5 * 0.3 / 4
+    assert row["prefill_s"] == pytest.approx((0.7 - 2 * 0.15) + (0.35 - 1 * 0.075))
+    # a probe that accepted more per pass than the full call: per pass stays positive, per token would not
+    fast_probe = dict(generated=[10], rounds=[8], total_s=0.8, probe_generated=[8], probe_rounds=[2], probe_s=0.25)
+    assert summarize_runs([fast_probe])["prefill_s"] == pytest.approx(0.25 - 2 * 0.55 / 6)
     assert row["accept_counts"] == [2, 6]
     hf = summarize_runs([dict(generated=[5], rounds=None, total_s=1.0, probe_generated=[1], probe_s=0.5)])
     assert math.isnan(hf["tau"]) and hf["tokens_per_s"] == pytest.approx(8.0) and hf["prefill_s"] == 0.5

@@ -20,7 +20,7 @@ from infer.bench.near_tie import lossless_cell
 
 def summarize_runs(runs: list[dict]) -> dict:
     """Totals of one method over its batches; each run: ``generated`` [B], ``rounds`` [B] or None, ``total_s``,
-    ``probe_generated`` [B], ``probe_s``, optional ``accept_counts`` [B, A]."""
+    ``probe_generated`` [B], ``probe_s``, ``probe_rounds`` [B] or None, optional ``accept_counts`` [B, A]."""
     generated = sum(int(np.sum(r["generated"])) for r in runs)
     known = all(r["rounds"] is not None for r in runs)  # HF does not report its rounds
     rounds = sum(int(np.sum(r["rounds"])) for r in runs) if known else None
@@ -38,12 +38,16 @@ def summarize_runs(runs: list[dict]) -> dict:
 
 
 def prefill_seconds(run: dict) -> float:
-    """The probe's time less its decoding after the first token, at the rate between probe and full call (per
-    step of the batch: rows decode side by side)."""
-    steps = np.mean(run["generated"]) - np.mean(run["probe_generated"])
-    probe_steps = np.mean(run["probe_generated"]) - 1
-    step_s = (run["total_s"] - run["probe_s"]) / steps if steps > 0 else 0.0
-    return run["probe_s"] - probe_steps * step_s
+    """The probe's time less its decoding, at the rate between probe and full call. Our methods count target
+    passes (``rounds``, ``probe_rounds``; the batch's rows pass side by side, so its longest row): every pass of a
+    compiled program costs the same whatever it accepts, while tokens per pass vary (per token, a probe that
+    accepted more than the full call came out with a negative prefill). HF reports no passes: per token."""
+    if run.get("rounds") is not None and run.get("probe_rounds") is not None:
+        full, probe = max(run["rounds"]), max(run["probe_rounds"])
+    else:
+        full, probe = np.mean(run["generated"]) - 1, np.mean(run["probe_generated"]) - 1
+    step_s = (run["total_s"] - run["probe_s"]) / (full - probe) if full > probe else 0.0
+    return run["probe_s"] - probe * step_s
 
 
 def markdown(rows: list[dict]) -> str:

@@ -117,7 +117,8 @@ class Runner:
         probe_s, short = self._median(lambda: generate(self.target, prompts, max_new_tokens=self.probe, **kwargs))
         total_s, out = self._median(lambda: generate(self.target, prompts, max_new_tokens=a.new_tokens, **kwargs))
         return dict(generated=out.num_generated.tolist(), rounds=out.num_rounds.tolist(), total_s=total_s,
-                    probe_generated=short.num_generated.tolist(), probe_s=probe_s, peak_bytes=self.peak_bytes[key],
+                    probe_generated=short.num_generated.tolist(), probe_rounds=short.num_rounds.tolist(),
+                    probe_s=probe_s, peak_bytes=self.peak_bytes[key],
                     accept_counts=None if out.accept_counts is None else out.accept_counts.tolist(),
                     tokens=[out.tokens[b, :n].tolist() for b, n in enumerate(out.num_generated)])
 
