@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from infer import generate
-from infer.bench.task_report import markdown, plot, summarize_runs
+from infer.bench.task_report import best_tree_shapes, markdown, plot, summarize_runs
 from infer.bench.tasks import main, parse_methods, probe_tokens
 from longspec_jax import load_target
 from tests.train_helpers import build_target_dir
@@ -74,8 +74,14 @@ def test_table_and_plots_render(tmp_path):
         rows.append(dict(base, method="plain", tau=1.0, tokens_per_s=tps, speedup=1.0, repeat_4gram_share=0.5))
         rows.append(dict(base, method="tree[a]4", tau=3.0, tokens_per_s=2 * tps, speedup=2.0,
                          accept_counts=[1, 2, 3], partings=[None, dict(at=7, f32_top2_gap=0.02, near_tie=True)]))
+        rows.append(dict(base, method="tree[a]2,2", tau=2.0, tokens_per_s=tps * (2.5 if bucket == "4-8k" else 1.5),
+                         speedup=2.5 if bucket == "4-8k" else 1.5))
+        rows.append(dict(base, method="tree[b]4", tau=3.0, tokens_per_s=9 * tps, speedup=9.0))  # not swept
     table = markdown(rows)
     assert "| t | 2-4k | 0.0 | 1 | tree[a]4 | 3.00 | 200.0 | 2.00x | 0.10 | 2.0 |  | 1/2 (1 near-tie) |" in table
+    assert [(b["bucket"], b["shape"], b["speedup"], b["tried"]) for b in best_tree_shapes(rows)] == [
+        ("2-4k", "4", 2.0, 2), ("4-8k", "2,2", 2.5, 2)]
+    assert "| t | 4-8k | 0.0 | 1 | 2,2 | 2.50x | 2 |" in table
     for path in plot(rows, str(tmp_path), ["2-4k", "4-8k"]):
         with open(path, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -105,4 +111,8 @@ def test_smoke_run(tmp_path):
     assert all(r["partings"] == [None] * 2 for r in report["rows"] if r["method"] != "plain")
     peak = {(r["method"], r["batch"]): r["peak_bytes"] for r in report["rows"]}  # per program, not per process
     assert peak["plain", 1] < peak["plain", 2] and peak["plain", 1] < peak["tree[a]2,4,4", 1]
+    assert [r["prefill_s"] > 0 for r in report["rows"]] == [True] * len(report["rows"])
+    assert [(b["batch"], b["shape"], b["tried"]) for b in report["best_tree_shapes"]] == [(1, "2,4,4", 1),
+                                                                                          (2, "2,4,4", 1)]
+    assert report["plots"] == [str(tmp_path / "tasks_speed.png"), str(tmp_path / "tasks_accept_hist.png")]
     assert (tmp_path / "tasks_speed.png").exists() and (tmp_path / "tasks_accept_hist.png").exists()

@@ -61,7 +61,33 @@ def markdown(rows: list[dict]) -> str:
                              f"{r['prefill_s']:.2f}", peak,
                              "" if "repeat_4gram_share" not in r else f"{r['repeat_4gram_share']:.2f}",
                              equal]))
+    best = best_tree_shapes(rows)
+    if best:
+        lines += ["", f"Fastest shape of the tree sweep ({best[0]['draft']}), per bucket, temperature and batch:", ""]
+        lines += md_header(["task", "bucket", "T", "batch", "best shape", "speedup", "shapes tried"])
+        lines += [md_row([b["task"], b["bucket"], b["temperature"], b["batch"], b["shape"], f"{b['speedup']:.2f}x",
+                          b["tried"]]) for b in best]
     return "\n".join(lines) + "\n"
+
+
+def best_tree_shapes(rows: list[dict]) -> list[dict]:
+    """Per (task, bucket, temperature, batch): the fastest tree shape of the sweep (the rows of the first draft's
+    trees, ``tree[draft]shape``), its speedup and how many shapes were tried there."""
+    trees = [r for r in rows if r["method"].startswith("tree[")]
+    if not trees:
+        return []
+    swept = trees[0]["method"].split("]")[0] + "]"
+    best: dict[tuple, dict] = {}
+    for r in trees:
+        if not r["method"].startswith(swept):
+            continue
+        key = (r["task"], r["bucket"], r["temperature"], r["batch"])
+        entry = best.setdefault(key, dict(zip(("task", "bucket", "temperature", "batch"), key),
+                                          draft=swept[5:-1], speedup=-1.0, tried=0))
+        entry["tried"] += 1
+        if r["speedup"] > entry["speedup"]:
+            entry.update(shape=r["method"][len(swept):], speedup=r["speedup"])
+    return list(best.values())
 
 
 def plot(rows: list[dict], out_dir: str, bucket_order: list[str]) -> list[str]:

@@ -43,7 +43,7 @@ from infer.bench.task_data import (Sample, bucket_bounds, bucket_name, load_long
                                    repo_completion, select)
 from infer.bench.near_tie import float32_reference, partings
 from infer.bench.spec_inputs import pad_pair
-from infer.bench.task_report import markdown, plot, summarize_runs
+from infer.bench.task_report import best_tree_shapes, markdown, plot, summarize_runs
 from infer.generate import generate, plan_shapes, recording_program_memory
 from infer.lookup import PromptLookup
 
@@ -207,7 +207,9 @@ def run(args) -> dict:
                         f"{row['tokens_per_s']:.1f} tok/s ({row['speedup']:.2f}x)")
                     write_report(args.out, "bench_tasks", results, markdown(results["rows"]))
     if results["rows"]:
+        results["best_tree_shapes"] = best_tree_shapes(results["rows"])
         results["plots"] = plot(results["rows"], args.out, names)
+        write_report(args.out, "bench_tasks", results, markdown(results["rows"]))
     return results
 
 
