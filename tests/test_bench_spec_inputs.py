@@ -60,3 +60,51 @@ def test_padded_pair_runs_the_pad_script_once_per_model(tmp_path):
         " ".join(["--draft", str(small_draft), big, big_draft, "--overwrite"])]
     assert spec_inputs.build_padded_pair(str(fixture), str(script), str(work)) == (big, big_draft)
     assert len(calls.read_text().splitlines()) == 2  # nothing padded again
+
+
+def test_rope_parameters_copies_target_and_drafts(tmp_path):
+    """``with_rope_parameters``: linked copies whose config.json carries the new RoPE parameters; our loader and
+    transformers read the same function from them, and the draft still loads against the edited target."""
+    import json
+    import os
+
+    import jax
+    import jax.numpy as jnp
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from infer import generate
+    from longspec_jax import load_draft, load_target, save_draft
+    from longspec_jax.draft import DraftConfig, init_draft
+    from tests.train_helpers import build_target_dir
+
+    fixture = build_target_dir(tmp_path / "fixture")
+    small = load_target(str(fixture), dtype=jnp.float32, load_tokenizer=False)
+    save_draft(init_draft(DraftConfig.from_target(small.config), jax.random.PRNGKey(0)), str(tmp_path / "draft"),
+               format="hf", target=small)
+    rope = {"rope_type": "llama3", "factor": 2.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 256}
+    work = str(tmp_path / "work")
+    target_dir, drafts = spec_inputs.with_rope_parameters(str(fixture), {"a": str(tmp_path / "draft")}, rope, work)
+    assert spec_inputs.with_rope_parameters(str(fixture), {"a": str(tmp_path / "draft")}, rope, work) == (
+        target_dir, drafts)  # a second call reuses the copies
+    assert os.path.islink(os.path.join(target_dir, "model.safetensors"))
+    assert os.path.islink(os.path.join(drafts["a"], "model.safetensors"))
+    for d in (target_dir, drafts["a"]):
+        with open(os.path.join(d, "config.json")) as f:
+            assert json.load(f)["rope_parameters"] == {**rope, "rope_theta": 10000.0}
+
+    edited = load_target(target_dir, dtype=jnp.float32)
+    assert (edited.config.rope.rope_type, edited.config.rope.factor, edited.config.rope.theta) == ("llama3", 2.0,
+                                                                                                   10000.0)
+    load_draft(drafts["a"], edited)
+    prompt = np.random.default_rng(1).integers(4, edited.config.vocab_size, 300).tolist()  # past 256 positions
+    ours = generate(edited, [prompt], max_new_tokens=6, eos_token_id=[]).tokens[0].tolist()
+    hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    hf_before = AutoModelForCausalLM.from_pretrained(str(fixture), dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0,
+                             eos_token_id=None)[0, len(prompt):].tolist()
+        logits, logits_before = (m(torch.tensor([prompt])).logits[0, -1] for m in (hf, hf_before))
+    assert ours == theirs
+    assert float((logits - logits_before).abs().max()) > 1e-3  # the edit changed the function

@@ -116,3 +116,10 @@ def test_smoke_run(tmp_path):
                                                                                           (2, "2,4,4", 1)]
     assert report["plots"] == [str(tmp_path / "tasks_speed.png"), str(tmp_path / "tasks_accept_hist.png")]
     assert (tmp_path / "tasks_speed.png").exists() and (tmp_path / "tasks_accept_hist.png").exists()
+
+
+def test_rope_parameters_option_wants_a_json_object(capsys):
+    for bad in ("[1]", "{factor: 2}"):
+        with pytest.raises(SystemExit):
+            main(["--smoke", "--rope-parameters", bad])
+        assert "--rope-parameters" in capsys.readouterr().err

@@ -1,9 +1,10 @@
-"""Inputs of the speculative-decoding benchmarks: the 8B-cost padded pair (given drafts, or a random one), the
-dev-split prompt, and a prompt offset without near-ties."""
+"""Inputs of the speculative-decoding benchmarks: the 8B-cost padded pair (given drafts, or a random one), a pair
+with other RoPE parameters, the dev-split prompt, and a prompt offset without near-ties."""
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -32,6 +33,27 @@ def pad_pair(fixture: str, drafts: dict[str, str], pad_script: str, work: str) -
             subprocess.run([sys.executable, pad_script, *args], check=True)
             log(f"padded {out} in {time.perf_counter() - t0:.0f} s")
     return big, padded
+
+
+def with_rope_parameters(target: str, drafts: dict[str, str], rope: dict, work: str) -> tuple[str, dict[str, str]]:
+    """Copies of the target and each draft directory (in ``work``; files other than ``config.json`` linked) whose
+    ``config.json`` has ``rope`` merged into its RoPE parameters: e.g. llama3-style scaling, to run a target past
+    the context it was trained on. The drafts get the same edit, so they still describe their target."""
+    def edit(src: str, dst: str) -> str:
+        os.makedirs(dst, exist_ok=True)
+        for name in os.listdir(src):
+            if name != "config.json" and not os.path.lexists(os.path.join(dst, name)):
+                os.symlink(os.path.abspath(os.path.join(src, name)), os.path.join(dst, name))
+        with open(os.path.join(src, "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+        params = {**(cfg.pop("rope_scaling", None) or {}), **(cfg.get("rope_parameters") or {}), **rope}
+        params.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+        with open(os.path.join(dst, "config.json"), "w", encoding="utf-8") as f:
+            json.dump({**cfg, "rope_parameters": params}, f, indent=1)
+        return dst
+
+    return (edit(target, os.path.join(work, "target")),
+            {name: edit(path, os.path.join(work, f"draft_{name}")) for name, path in drafts.items()})
 
 
 def build_padded_pair(fixture: str, pad_script: str, work: str) -> tuple[str, str]:

@@ -24,13 +24,19 @@ Peak memory per row: the compiled program's peak device bytes (XLA's memory anal
 weights, prompts, caches, temporaries, outputs); HF rows: torch's peak over their calls.
 
 ``--pad-script pad_model.py --work DIR``: the target and drafts are first padded to 8B-like cost (reused when
-already in DIR); every method, HF included, then runs on the padded pair.
+already in DIR); every method, HF included, then runs on the padded pair. ``--rope-parameters JSON`` first gives
+target and drafts other RoPE parameters (config only), e.g. llama3-style scaling for a target trained on shorter
+windows than the buckets: the code-LM fixture, trained on 16k windows, stays sound to 30k with
+``{"rope_type": "llama3", "factor": 2, "low_freq_factor": 1, "high_freq_factor": 4,
+"original_max_position_embeddings": 16384}`` (docs/benchmarks.md 6c).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
+import hashlib
 import json
 import os
 
@@ -42,7 +48,7 @@ from infer.bench.harness import arg_parser, log, median_call, write_report
 from infer.bench.task_data import (Sample, bucket_bounds, bucket_name, load_longbench, load_reasoning,
                                    repo_completion, select)
 from infer.bench.near_tie import float32_reference, partings
-from infer.bench.spec_inputs import pad_pair
+from infer.bench.spec_inputs import pad_pair, with_rope_parameters
 from infer.bench.task_report import best_tree_shapes, markdown, plot, summarize_runs
 from infer.generate import generate, plan_shapes, recording_program_memory
 from infer.lookup import PromptLookup
@@ -157,16 +163,22 @@ def run(args) -> dict:
         from jax import numpy as jnp
 
         from longspec_jax import load_draft, load_target
-        target_dir, draft_dirs = args.target, dict(args.drafts)
+        small_dir, draft_dirs, work = args.target, dict(args.drafts), args.work
+        if args.rope_parameters:
+            tag = hashlib.sha1(json.dumps(args.rope_parameters, sort_keys=True).encode()).hexdigest()[:8]
+            work = os.path.join(args.work, f"rope_{tag}")
+            small_dir, draft_dirs = with_rope_parameters(small_dir, draft_dirs, args.rope_parameters,
+                                                         os.path.join(work, "small"))
+        target_dir = small_dir
         if args.pad_script:
-            target_dir, draft_dirs = pad_pair(args.target, draft_dirs, args.pad_script, args.work)
+            target_dir, draft_dirs = pad_pair(small_dir, draft_dirs, args.pad_script, work)
         target = load_target(target_dir, dtype=jnp.bfloat16)
         drafts = {name: load_draft(path, target) for name, path in draft_dirs.items()}
         samples = gather_samples(args, target.tokenizer)
         if args.max_tokens is None:
             args.max_tokens = target.config.max_position_embeddings - 2000
     methods = parse_methods(args.methods, list(drafts), args.tree_shapes, args.chain, args.pld_tokens)
-    reference32 = float32_reference(None if args.smoke else args.reference32 or args.target, target)
+    reference32 = float32_reference(None if args.smoke else args.reference32 or small_dir, target)
 
     hf = None
     if any(m.hf_lookup is not None for m in methods):
@@ -213,6 +225,17 @@ def run(args) -> dict:
     return results
 
 
+def json_object(text: str) -> dict:
+    """A command-line JSON object (argparse type)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object is needed, got {text!r}")
+    return value
+
+
 def main(argv=None) -> int:
     p = arg_parser("tasks", __doc__, "tiny random pair and synthetic samples on the CPU")
     p.add_argument("--target", help="HF directory of the target")
@@ -236,7 +259,11 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=3, help="timed calls per measurement (median)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pad-script", help="pad_model.py: run on the target and drafts padded to 8B-like cost")
-    p.add_argument("--work", default="/tmp/bench_tasks_padded", help="where the padded pair is written")
+    p.add_argument("--work", default="/tmp/bench_tasks_padded",
+                   help="where the padded pair and the --rope-parameters copies are written")
+    p.add_argument("--rope-parameters", type=json_object, help="JSON merged into the RoPE parameters of the "
+                   "target's and drafts' config.json, e.g. llama3-style scaling to run a target past its trained "
+                   "context (copies in --work)")
     p.add_argument("--reference32", help="HF directory of the target's function for the float32 near-tie check "
                                          "(default --target, which with --pad-script is the small fixture)")
     args = p.parse_args(argv)
