@@ -62,6 +62,7 @@ def test_padded_pair_runs_the_pad_script_once_per_model(tmp_path):
     assert len(calls.read_text().splitlines()) == 2  # nothing padded again
 
 
+@pytest.mark.slow  # ~20 s: an HF model beside ours; a benchmark option, so it leaves the default suite its margin
 def test_rope_parameters_copies_target_and_drafts(tmp_path):
     """``with_rope_parameters``: linked copies whose config.json carries the new RoPE parameters; our loader and
     transformers read the same function from them, and the draft still loads against the edited target."""
