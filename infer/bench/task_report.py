@@ -76,14 +76,14 @@ def best_tree_shapes(rows: list[dict]) -> list[dict]:
     trees = [r for r in rows if r["method"].startswith("tree[")]
     if not trees:
         return []
-    swept = trees[0]["method"].split("]")[0] + "]"
+    swept = trees[0]["method"].split("]")[0] + "]"  # "tree[<first draft>]"
     best: dict[tuple, dict] = {}
     for r in trees:
         if not r["method"].startswith(swept):
             continue
         key = (r["task"], r["bucket"], r["temperature"], r["batch"])
         entry = best.setdefault(key, dict(zip(("task", "bucket", "temperature", "batch"), key),
-                                          draft=swept[5:-1], speedup=-1.0, tried=0))
+                                          draft=swept[len("tree["):-1], speedup=-1.0, tried=0))
         entry["tried"] += 1
         if r["speedup"] > entry["speedup"]:
             entry.update(shape=r["method"][len(swept):], speedup=r["speedup"])
