@@ -99,6 +99,8 @@ class Runner:
     def __init__(self, target, drafts: dict, hf, args):
         self.target, self.drafts, self.hf, self.args = target, drafts, hf, args
         self.probe = probe_tokens(args.new_tokens)
+        # calls that compile every program a measurement times: a probe of over one token runs the full call's
+        self.warmup_tokens = (args.new_tokens,) if self.probe > 1 else tuple(dict.fromkeys((args.new_tokens, 1)))
         self.peak_bytes: dict[tuple, int | None] = {}  # per compiled program: XLA's peak bytes of the whole call
 
     def _median(self, call):
@@ -117,7 +119,7 @@ class Runner:
         prompts = [s.tokens for s in batch]
         if key not in self.peak_bytes:  # compile (untimed) and record the programs' memory
             with recording_program_memory() as peaks:
-                for n in dict.fromkeys((a.new_tokens, self.probe)):
+                for n in self.warmup_tokens:
                     generate(self.target, prompts, max_new_tokens=n, **kwargs)
             self.peak_bytes[key] = max((p for p in peaks if p is not None), default=None)
         probe_s, short = self._median(lambda: generate(self.target, prompts, max_new_tokens=self.probe, **kwargs))
