@@ -4,13 +4,13 @@ jax's cuDNN flash attention parallelises over (query tile, head, sequence) only.
 that is a handful of thread blocks for 132 SMs, each walking the whole cache, so here the problem is reshaped
 first (no cache copy):
 
-* the G query heads that share a kv head are folded into the query axis: ``[B, M, H, D] -> [B, M*G, K, D]``,
-  so every K/V tile is read once per kv head, not once per query head;
+* the G query heads that share a kv head are folded into the query axis (:mod:`pallas.folding`):
+  ``[B, M, H, D] -> [B, M*G, K, D]``, so every K/V tile is read once per kv head, not once per query head;
 * the cache is cut into ``num_splits`` equal chunks that become extra sequences:
   ``[B, S, K, D] -> [B*splits, S/splits, K, D]`` (a free reshape), each with its own valid length
   ``clip(length - s*chunk, 0, chunk)``; the (small) folded queries are repeated per chunk;
 * one flash call returns each chunk's output and float32 LSE; chunks past the valid length are dropped and the
-  rest merged exactly in float32 (:func:`pallas.reference.merge_partials`).
+  rest merged exactly in float32 (:func:`pallas.folding.merge_folded_splits`).
 
 The per-chunk kernel is a parameter: :func:`cudnn_chunk_attention` on a GPU, :func:`reference_chunk_attention`
 (pure jnp) for tests of everything around it on the CPU.
@@ -23,10 +23,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas.reference import cache_attention_reference, check_cache_operands, default_scale, merge_partials
+from pallas.folding import fold_group, merge_folded_splits
+from pallas.reference import cache_attention_reference, check_cache_operands, default_scale
 from pallas.sizes import NUM_SMS, ceil_div
 
-__all__ = ["cudnn_cache_attention", "default_num_splits", "fold_group", "repeat_per_chunk", "cudnn_chunk_attention",
+__all__ = ["cudnn_cache_attention", "default_num_splits", "repeat_per_chunk", "cudnn_chunk_attention",
            "reference_chunk_attention", "cudnn_supports", "CUDNN_DTYPES"]
 
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -85,14 +86,6 @@ def default_num_splits(batch: int, kv_heads: int, rows: int, capacity: int, *,
     return allowed[-1] if allowed else 1
 
 
-def fold_group(q_BxMxHxD, kv_heads: int):
-    """``[B, M, H, D] -> [B, M*G, K, D]``: row ``m * G + g`` of kv head ``k`` is query ``m`` of head
-    ``k * G + g`` (G = H / K), so one pass over a kv head's keys serves its whole group."""
-    B, M, H, D = q_BxMxHxD.shape
-    G = H // kv_heads
-    return q_BxMxHxD.reshape(B, M, kv_heads, G, D).swapaxes(2, 3).reshape(B, M * G, kv_heads, D)
-
-
 def repeat_per_chunk(q_BxTxKxD, splits: int):
     """``[B, T, K, D] -> [B*splits, T, K, D]``: the queries of sequence b for each of its cache chunks, in the
     order of ``k_cache.reshape(B * splits, S // splits, K, D)``."""
@@ -135,11 +128,4 @@ def cudnn_cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B
     o_NxTxKxD = jnp.where(has_keys[..., None], o_NxTxKxD, 0)
     o_PxBxTxKxD = o_NxTxKxD.reshape(B, splits, M * G, K, D).swapaxes(0, 1)
     lse_PxBxTxK = lse_NxTxK.reshape(B, splits, M * G, K).swapaxes(0, 1)
-    if extra is not None:
-        o_extra, lse_extra = fold_group(extra[0], K), fold_group(extra[1][..., None], K)[..., 0]
-        o_PxBxTxKxD = jnp.concatenate([o_PxBxTxKxD, o_extra[None].astype(o_PxBxTxKxD.dtype)])
-        lse_PxBxTxK = jnp.concatenate([lse_PxBxTxK, lse_extra[None].astype(jnp.float32)])
-    o, lse = merge_partials(o_PxBxTxKxD, lse_PxBxTxK)  # [B, T, K, D], [B, T, K]
-    o_BxMxHxD = o.reshape(B, M, G, K, D).swapaxes(2, 3).reshape(B, M, H, D)
-    lse_BxMxH = lse.reshape(B, M, G, K).swapaxes(2, 3).reshape(B, M, H)
-    return o_BxMxHxD.astype(q_BxMxHxD.dtype), lse_BxMxH
+    return merge_folded_splits(o_PxBxTxKxD, lse_PxBxTxK, M, H, extra=extra, dtype=q_BxMxHxD.dtype)

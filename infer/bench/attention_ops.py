@@ -116,6 +116,7 @@ def estimate_s(name: str, B: int, M: int, S: int, H: int, K: int, D: int, itemsi
     decode = nbytes / 3.0e12 + 8e-6
     return {"pallas": cache + tree, "gpu": cache + tree, "cudnn": cache + tree, "xla": 6 * cache,
             "naive": 3 * cache, "cache": cache, "kernel": cache, "cache_cudnn": cache, "mgpu": cache, "tree": tree,
+            "mosaic": cache + tree, "cache_mosaic": cache,
             "decode": decode, "decode_cudnn": decode, "dpa": 1.5 * cache, "dpa_xla": 6 * cache}[name]
 
 
@@ -177,8 +178,12 @@ def build_ops(args, backend) -> dict:
         "dpa": (dpa("cudnn" if on_gpu else "xla"), CACHE_USES, True),
         "dpa_xla": (dpa("xla"), CACHE_USES, True),
     }
-    if on_gpu:  # cuDNN and Mosaic GPU exist only there
+    if on_gpu:  # cuDNN and Mosaic GPU exist only there (the Mosaic GPU interpreter is too slow for a benchmark)
+        from pallas.mosaic_cache_attention import mosaic_cache_attention
         ops["cudnn"] = (hybrid("cudnn"), HYBRID_USES, True)
+        ops["mosaic"] = (hybrid("mosaic"), HYBRID_USES, True)
+        ops["cache_mosaic"] = (lambda i: mosaic_cache_attention(i["q"], i["k_cache"], i["v_cache"], i["lengths"]),
+                               CACHE_USES, True)
         if args.dtype == "float16":  # jax's Mosaic GPU flash kernel takes float16 only
             ops["mgpu"] = (mgpu_split_attention, CACHE_USES, True)
     return ops
@@ -191,14 +196,14 @@ def mgpu_split_attention(i):
     read in full, and the merge of the chunks is left out: a lower bound on a Mosaic GPU cache half."""
     from jax.experimental.pallas.ops.gpu import attention_mgpu
 
-    from longspec_jax.cudnn_cache import default_num_splits, fold_group, repeat_per_chunk
-    from pallas.sizes import round_up
+    from longspec_jax.cudnn_cache import default_num_splits, repeat_per_chunk
+    from pallas.folding import fold_group
     q, k, v = i["q"], i["k_cache"], i["v_cache"]
     B, M, H, D = q.shape
     S, K = k.shape[1], k.shape[2]
     rows = M * (H // K)
     splits = default_num_splits(B, K, rows, S)
-    q_fold = jnp.pad(fold_group(q, K), ((0, 0), (0, round_up(rows, 128) - rows), (0, 0), (0, 0)))
+    q_fold = fold_group(q, K, row_multiple=128)
     q_split = repeat_per_chunk(q_fold, splits)
     config = attention_mgpu.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2)
     out, (lse,) = attention_mgpu.attention(q_split, k.reshape(B * splits, S // splits, K, D),
