@@ -20,13 +20,16 @@ from longspec_jax.cudnn_cache import cudnn_cache_attention, cudnn_supports
 from longspec_jax.mesh import HEAD_LSE, HEADS, ROWS, per_shard
 from pallas import cache_attention as pallas_cache_attention
 from pallas import tree_attention
+from pallas.mosaic_cache_attention import mosaic_cache_attention, mosaic_supports
 from pallas.reference import cache_attention_reference, default_scale, masked_attention_reference, merge_partials
 from pallas.sizes import ceil_div
 
-IMPLS = ("auto", "gpu", "pallas", "cudnn", "xla", "naive")
+IMPLS = ("auto", "gpu", "pallas", "cudnn", "mosaic", "xla", "naive")
 # "gpu" (what "auto" picks on a GPU) takes the cuDNN cache half from this many query rows (queries x GQA group)
 # on, in half precision; the Pallas split-K kernel below that. Set from the H200 sweep in docs/benchmarks.md.
 CUDNN_MIN_ROWS = 64
+# "mosaic" takes the Mosaic GPU cache half from this many rows on (one compute warpgroup's), the Pallas one below.
+MOSAIC_MIN_ROWS = 64
 
 __all__ = ["cache_attention_reference", "masked_attention_reference", "cache_attention_blockwise",
            "merge_attention", "naive_tree_attention", "hybrid_tree_attention", "cache_attention",
@@ -86,7 +89,9 @@ def resolve_impl(impl: str) -> str:
     """``auto`` picks ``gpu`` on a GPU and the XLA (jnp) path elsewhere.
 
     Impls: ``pallas`` (both halves Pallas kernels), ``cudnn`` (cache half: jax's cuDNN flash attention, split
-    along the keys, :mod:`longspec_jax.cudnn_cache`; speculative half: Pallas), ``gpu`` (per call: ``cudnn``'s
+    along the keys, :mod:`longspec_jax.cudnn_cache`; speculative half: Pallas), ``mosaic`` (cache half: the
+    Hopper Mosaic GPU kernel, :mod:`pallas.mosaic_cache_attention`, in jax's Mosaic GPU interpreter off a GPU;
+    speculative half: Pallas), ``gpu`` (per call: ``cudnn``'s
     cache half for many query rows in half precision, ``pallas`` otherwise), ``xla`` (blockwise jnp),
     ``naive`` (one dense masked softmax). How the Pallas kernels are lowered (Triton on a GPU, interpret mode
     elsewhere) is a separate choice that :func:`pallas.backend.resolve_backend` makes from the device.
@@ -130,6 +135,14 @@ def _cache_half(impl: str, q_BxMxHxD, k_cache_BxSxKxD):
         return cache_attention_blockwise
     _, M, H, D = q_BxMxHxD.shape
     K = k_cache_BxSxKxD.shape[2]
+    if impl == "mosaic":
+        if not mosaic_supports(q_BxMxHxD.dtype, k_cache_BxSxKxD.dtype, D):
+            raise ValueError(f"impl='mosaic' needs float16/bfloat16 queries and cache of one dtype and a head_dim "
+                             f"that is a multiple of 64 up to 256; got q {q_BxMxHxD.dtype}, cache "
+                             f"{k_cache_BxSxKxD.dtype}, head_dim {D}")
+        if M * (H // K) >= MOSAIC_MIN_ROWS:
+            return functools.partial(mosaic_cache_attention, interpret=jax.default_backend() != "gpu")
+        impl = "pallas"
     if impl == "gpu":
         impl = "cudnn" if use_cudnn_cache_half(M, H, K, q_BxMxHxD.dtype, k_cache_BxSxKxD.dtype, D) else "pallas"
     if impl == "pallas":
@@ -176,7 +189,8 @@ def _hybrid_tree_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_le
                                     k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, scale)
     cache_half = _cache_half(impl, q_BxMxHxD, k_cache_BxSxKxD)
     o_new, lse_new = _tree_half(impl)(q_BxMxHxD, k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, scale=scale)
-    if cache_half is cudnn_cache_attention:  # one float32 merge of the cache chunks and the tree half
+    if cache_half is cudnn_cache_attention or getattr(cache_half, "func", None) is mosaic_cache_attention:
+        # the split cache halves merge the tree half with their splits, in one float32 merge
         return cache_half(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B, scale=scale,
                           extra=(o_new, lse_new))
     o_cache, lse_cache = cache_half(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B, scale=scale)

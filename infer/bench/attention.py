@@ -10,6 +10,8 @@ Sections (``--sections``, default all, in this order):
   sweep   cache_attention block_r / block_k / num_splits / num_warps at 32k (Llama-3-8B heads, batch 1),
           for 1 and for 74 queries; the current ``default_config`` first, marked "(default)"; then the split
           count of the cuDNN cache half
+  mosaic  the Mosaic GPU cache half's launch shapes (``--mosaic-shapes``) against the cuDNN cache half and the
+          roofline (GPU only: :mod:`infer.bench.attention_mosaic`)
   table   Llama-3-8B (32/8 heads) and Vicuna-7B (32/32) shapes, head_dim 128, bf16, batch 1 and 4, cache
           length 4k..64k, 74 new tokens under a random tree mask: hybrid attention with impl pallas / xla / naive,
           the Pallas cache half alone (and its kernel alone), the tree half alone, single-token decode
@@ -34,11 +36,12 @@ import traceback
 import jax
 
 from infer.bench.attention_loop import L2_BYTES, OpTimer
+from infer.bench.attention_mosaic import run_sweep_mosaic
 from infer.bench.attention_report import markdown
 from infer.bench.attention_sections import run_sweep, run_sweep_cudnn, run_table, sweep_best
 from infer.bench.harness import arg_parser, copy_bandwidth, log, write_report
 
-SECTIONS = ("copy", "sweep", "table")
+SECTIONS = ("copy", "sweep", "mosaic", "table")
 TIMING_METHOD = ("each op run n times inside one jitted lax.fori_loop; every step perturbs its inputs by a scalar "
                  "of the previous output (x 1e-30) and rewrites the cache's last slot in place, so nothing is "
                  "folded or hoisted; R distinct K/V sets rotated (cycle >= 3x L2 where possible); n chosen so "
@@ -84,6 +87,10 @@ def parse_args(argv=None):
     p.add_argument("--sweep-stages-decode", default="2,3")
     p.add_argument("--sweep-stages-tree", default="2")
     p.add_argument("--sweep-block-k-tree", default="64,128")
+    p.add_argument("--mosaic-shapes", default="padded-8b:64:16384:1,padded-8b:64:32768:1,llama3-8b:128:32768:1,"
+                                               "padded-8b:64:16384:4",
+                   help="model:head_dim:cache_length:batch,... of the mosaic section")
+    p.add_argument("--mosaic-budget-s", type=float, default=150.0)
     p.add_argument("--target-s", type=float, default=0.025,
                    help="seconds per timed call: the in-jit loop count n is chosen so one call lasts about this")
     p.add_argument("--calls", type=int, default=5, help="timed calls per op (median reported), after a warm-up")
@@ -137,6 +144,13 @@ def main(argv=None) -> dict:
         log("== sweep (cuDNN cache half)")
         report["sweep_cudnn"] = run_sweep_cudnn(args, copy_bw, t_start, timer)
         save()
+    if "mosaic" in args.section_list:
+        if jax.default_backend() == "gpu":
+            log("== mosaic")
+            report["sweep_mosaic"] = run_sweep_mosaic(args, copy_bw, t_start, timer)
+            save()
+        else:
+            log("== mosaic: skipped (needs a GPU; the Mosaic GPU interpreter is too slow to time)")
     if "table" in args.section_list:
         log("== table")
         report["table"] = run_table(args, backend, copy_bw, t_start, timer)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from infer.bench.attention_loop import l2_cell
+from infer.bench.attention_mosaic import mosaic_markdown
 from infer.bench.harness import md_header, md_row
 
-TABLE_COLUMNS = ("gpu", "pallas", "cudnn", "xla", "naive", "cache", "kernel", "cache_cudnn", "mgpu", "tree", "decode",
-                 "decode_cudnn", "dpa")
+TABLE_COLUMNS = ("gpu", "mosaic", "pallas", "cudnn", "xla", "naive", "cache", "kernel", "cache_cudnn", "cache_mosaic",
+                 "mgpu", "tree", "decode", "decode_cudnn", "dpa")
 RATIOS = ("naive_over_gpu", "gpu_over_decode", "naive_over_pallas", "pallas_over_decode")
 FRACS = ("cache_frac_copy_bw", "cache_cudnn_frac_copy_bw", "decode_frac_copy_bw", "decode_cudnn_frac_copy_bw")
 TABLE_NOTE = (
-    "gpu / pallas / cudnn / xla / naive: `hybrid_tree_attention(impl=...)` (gpu is what auto picks on a GPU); "
+    "gpu / mosaic / pallas / cudnn / xla / naive: `hybrid_tree_attention(impl=...)` (gpu is what auto picks on a "
+    "GPU); cache_mosaic: the Mosaic GPU cache half (`mosaic_cache_attention`, folded, split, merged); "
     "cache: Pallas cache half (`cache_attention`, 74 queries); kernel: its pallas_call alone; cache_cudnn: "
     "`cudnn_cache_attention` (cuDNN, split along the keys); mgpu: jax's Mosaic GPU flash kernel on the same split "
     "problem, full chunks, no merge; tree: `tree_attention`; decode / decode_cudnn: the Pallas / cuDNN cache half "
@@ -99,4 +101,6 @@ def markdown(report: dict) -> str:
                   f"{c['dispatch']['bytes_per_s'] / 1e12:.3f} TB/s.", ""]
     if report.get("table"):
         lines += _table(report["table"], report.get("dtype", "bfloat16"))
+    if report.get("sweep_mosaic"):
+        lines += mosaic_markdown(report["sweep_mosaic"])
     return "\n".join(lines + _sweeps(report))

@@ -1,0 +1,318 @@
+"""Cache half of hybrid tree attention on Hopper: a warp-specialised Mosaic GPU flash kernel (wgmma + TMA).
+
+With a GQA group folded into the query rows, verification has hundreds of rows per kv head (74 tree queries x 4
+= 296), so its cache half is bound by matrix work, not by reading the cache. This kernel runs that work on the
+tensor cores. Its input is the folded queries ``q_BxRxKxD`` (row ``m * G + g`` is query ``m`` of head
+``k * G + g``, :func:`pallas.folding.fold_group`), with the row count padded to whole row blocks. The valid prefix
+``[0, lengths[b])`` of each sequence is cut at run time into ``num_splits`` chunks of whole key blocks. Each
+thread block (row block, split, kv head x batch) then runs:
+
+* one memory warpgroup that streams the chunk's K and V tiles into ``stages`` shared-memory slots by TMA;
+* ``compute_wgs`` warpgroups of 64 query rows each: ``S = Q K^T`` and ``O += P V`` with wgmma, the online
+  softmax in float32 registers in between. Two compute warpgroups take turns on the tensor cores (one runs its
+  softmax while the other multiplies), as in FlashAttention-3.
+
+It writes each split's normalised output ``[splits, B, R, K, D]`` (q's dtype) and float32 natural-log LSE
+``[splits, B, K, R]``. An empty split gets output 0 and LSE ``-inf``. :func:`mosaic_cache_attention` folds the
+queries, runs the kernel and merges the splits (and the tree half, when given) in float32.
+
+No key past the valid length is read: the last block of a chunk is shifted back to end at the chunk's end, and
+its keys that the previous block already covered are masked. Cache slots past ``lengths`` may therefore hold
+anything. The one exception is a sequence shorter than one key block, whose block ``[0, block_kv)`` is read and
+masked, so those slots must be finite (they are zeros or K/V in every cache this library builds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas.folding import fold_group, merge_folded_splits
+from pallas.reference import check_cache_operands, default_scale
+from pallas.sizes import NUM_SMS, ceil_div
+
+__all__ = ["MosaicConfig", "ROWS_PER_WG", "mosaic_cache_attention", "mosaic_cache_partials", "default_mosaic_config",
+           "mosaic_supports", "MOSAIC_DTYPES"]
+
+ROWS_PER_WG = 64  # one wgmma's M: the query rows of a compute warpgroup
+MOSAIC_DTYPES = (jnp.bfloat16, jnp.float16)
+SMEM_BYTES = 227 * 1024  # shared memory a Hopper thread block may use
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicConfig:
+    """Launch shape: ``num_splits`` chunks per sequence, ``block_kv`` keys per TMA tile, ``stages`` K/V slots in
+    shared memory, ``compute_wgs`` warpgroups of 64 query rows per thread block."""
+    num_splits: int
+    block_kv: int = 128
+    stages: int = 2
+    compute_wgs: int = 2
+    accumulate: str = "fresh"  # "state": P V straight into the output accumulator (GPU only: pl.run_state)
+
+    def rows_per_block(self) -> int:
+        return self.compute_wgs * ROWS_PER_WG
+
+    def smem_bytes(self, head_dim: int, itemsize: int) -> int:
+        tiles = (self.compute_wgs * ROWS_PER_WG + 2 * self.stages * self.block_kv) * head_dim * itemsize
+        return tiles + self.compute_wgs * ROWS_PER_WG * 4
+
+    def check(self, capacity: int, head_dim: int, itemsize: int) -> None:
+        if self.block_kv % 64 or self.block_kv <= 0:
+            raise ValueError(f"mosaic cache attention: block_kv={self.block_kv} must be a positive multiple of 64")
+        if capacity % self.block_kv:
+            raise ValueError(f"mosaic cache attention: capacity {capacity} must be a multiple of "
+                             f"block_kv={self.block_kv}")
+        if self.stages < 1 or self.compute_wgs < 1 or self.num_splits < 1:
+            raise ValueError(f"mosaic cache attention: stages, compute_wgs and num_splits must be >= 1 ({self})")
+        if self.accumulate not in ("fresh", "state"):
+            raise ValueError(f"mosaic cache attention: accumulate={self.accumulate!r}; choose fresh or state")
+        if self.smem_bytes(head_dim, itemsize) > SMEM_BYTES:
+            raise ValueError(f"mosaic cache attention: {self} needs {self.smem_bytes(head_dim, itemsize)} bytes of "
+                             f"shared memory for head_dim {head_dim}; at most {SMEM_BYTES}")
+
+
+def mosaic_supports(q_dtype, cache_dtype, head_dim: int) -> bool:
+    """Whether the kernel takes these operands: half precision of one dtype, head_dim a multiple of 64 up to 256."""
+    return (jnp.dtype(q_dtype) == jnp.dtype(cache_dtype)
+            and any(jnp.dtype(q_dtype) == jnp.dtype(d) for d in MOSAIC_DTYPES)
+            and head_dim % 64 == 0 and head_dim <= 256)
+
+
+def default_mosaic_config(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int, *,
+                          num_sms: int = NUM_SMS) -> MosaicConfig:
+    """Two compute warpgroups (one for at most 64 rows) and 128-key tiles (64 for head_dim > 128); two stages,
+    three for head_dim 64; the fewest chunks (dividing the key blocks of a full cache) that give about two thread
+    blocks per SM."""
+    block_kv = 128 if head_dim <= 128 else 64
+    stages = 3 if head_dim <= 64 else 2
+    compute_wgs = 1 if rows <= ROWS_PER_WG else 2
+    blocks = batch * kv_heads * ceil_div(rows, compute_wgs * ROWS_PER_WG)
+    want = ceil_div(2 * num_sms, blocks)
+    key_blocks = capacity // block_kv
+    splits = next((n for n in range(want, key_blocks + 1) if key_blocks % n == 0), key_blocks)
+    return MosaicConfig(num_splits=max(1, min(splits, key_blocks)), block_kv=block_kv, stages=stages,
+                        compute_wgs=compute_wgs)
+
+
+def _layout_cast(x, layout, interpret: bool):
+    """Register layout hint for Mosaic GPU (the interpreter has no layouts)."""
+    return x if interpret else plgpu.layout_cast(x, layout)
+
+
+def _column_iota(shape, interpret: bool):
+    if interpret:
+        return lax.broadcasted_iota(jnp.int32, shape, 1)
+    return plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+
+
+def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: MosaicConfig, kv_heads: int,
+            capacity: int, head_dim: int, scale2: float, interpret: bool):
+    (q_smem, k_smem, v_smem, lse_smem), (q_ready, k_ready, v_ready), (k_free, v_free), turn = scoped
+    C, bk, stages = cfg.compute_wgs, cfg.block_kv, cfg.stages
+    row_block, split, head_batch = lax.axis_index("rows"), lax.axis_index("split"), lax.axis_index("head_batch")
+    kv_head = lax.rem(head_batch, kv_heads)
+    batch = lax.div(head_batch, kv_heads)
+    wg = lax.axis_index("wg")
+
+    # This block's chunk of the valid prefix: num_splits chunks of whole key blocks.
+    length = jnp.clip(len_ref[batch], 0, capacity)
+    chunk = pl.cdiv(pl.cdiv(length, cfg.num_splits), bk) * bk
+    start = split * chunk
+    end = jnp.minimum(start + chunk, length)
+    steps = pl.cdiv(jnp.maximum(end - start, 0), bk)
+    last_key0 = jnp.maximum(end - bk, 0)
+
+    def key0(i):  # first key of block i; the last block ends at `end` (never past the valid length)
+        return jnp.minimum(start + i * bk, last_key0)
+
+    pingpong = C == 2
+
+    def take_turn():
+        plgpu.barrier_arrive(turn)
+        plgpu.barrier_wait(turn)
+
+    @pl.when(wg < C)
+    def _compute():
+        plgpu.set_max_registers(232 if C <= 2 else 160, action="increase")
+        row0 = (row_block * C + wg) * ROWS_PER_WG
+        q_tile = q_smem.at[wg]
+        plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0, ROWS_PER_WG), kv_head], q_tile, q_ready.at[wg])
+        plgpu.barrier_wait(q_ready.at[wg])
+        rows_layout = plgpu.Layout.WGMMA.reduce(1)
+        m = _layout_cast(jnp.full((ROWS_PER_WG,), -jnp.inf, jnp.float32), rows_layout, interpret)
+        l = _layout_cast(jnp.full((ROWS_PER_WG,), 0.0, jnp.float32), rows_layout, interpret)
+        acc = _layout_cast(jnp.full((ROWS_PER_WG, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA, interpret)
+
+        @pl.when(steps > 0)
+        def _():
+            plgpu.barrier_wait(k_ready.at[0])
+
+        if pingpong:
+            pl.when(wg == 1)(take_turn)
+
+        def step(i, carry, masked: bool):
+            acc, m, l = carry
+            slot = lax.rem(i, stages)
+
+            def qk(s_ref):
+                plgpu.wgmma(s_ref, q_tile, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+                if pingpong:
+                    take_turn()
+                return s_ref[...]
+
+            s = pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, bk), jnp.float32))
+            refilled = i + stages < steps  # the memory warpgroup waits for this slot only if it loads it again
+            pl.when(refilled)(lambda: plgpu.barrier_arrive(k_free.at[slot]))
+            if masked:  # the last block: keys before start + i * bk were seen by block i - 1, keys >= end are not ours
+                key = key0(i) + _column_iota((ROWS_PER_WG, bk), interpret)
+                s = jnp.where((key >= start + i * bk) & (key < end), s, -jnp.inf)
+            m_new = jnp.maximum(m, s.max(axis=1) * scale2)  # base-2 units, scaled
+            alpha = jnp.exp2(m - m_new)
+            p = jnp.exp2(s * scale2 - lax.broadcast_in_dim(m_new, s.shape, [0]))
+            l = l * alpha + p.sum(axis=1)
+            p_half = p.astype(q_tile.dtype)
+            alpha_acc = lax.broadcast_in_dim(alpha, acc.shape, [0])
+            if cfg.accumulate == "state":
+                acc = acc * alpha_acc
+            if pingpong:
+                plgpu.barrier_arrive(turn)
+            plgpu.barrier_wait(v_ready.at[slot])
+            if pingpong:
+                plgpu.barrier_wait(turn)
+
+            def pv(acc_ref):
+                plgpu.wgmma(acc_ref, p_half, v_smem.at[slot])
+
+                @pl.when(i + 1 < steps)
+                def _():
+                    plgpu.barrier_wait(k_ready.at[lax.rem(i + 1, stages)])
+
+                if cfg.accumulate == "fresh":
+                    return acc_ref[...]
+
+            if cfg.accumulate == "state":  # P V accumulates into acc's registers
+                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+            else:  # P V into a fresh accumulator, rescale and add in one FMA (jax's interpreter lacks run_state)
+                acc = acc * alpha_acc + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
+            pl.when(refilled)(lambda: plgpu.barrier_arrive(v_free.at[slot]))
+            return acc, m_new, l
+
+        carry = lax.fori_loop(0, jnp.maximum(steps - 1, 0), functools.partial(step, masked=False), (acc, m, l))
+        acc, m, l = lax.fori_loop(jnp.maximum(steps - 1, 0), steps, functools.partial(step, masked=True), carry)
+        if pingpong:
+            pl.when(wg == 0)(take_turn)
+
+        l_safe = jnp.maximum(l, 1.0)  # l >= 1 whenever a key was seen (its max term is 2^0); else acc = 0, m = -inf
+        q_tile[...] = (acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])).astype(q_tile.dtype)
+        lse_smem.at[wg][...] = m * LN2 + jnp.log(l_safe)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_tile, o_ref.at[split, batch, pl.ds(row0, ROWS_PER_WG), kv_head])
+        plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[split, batch, kv_head, pl.ds(row0, ROWS_PER_WG)])
+        plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == C)
+    def _memory():
+        plgpu.set_max_registers(40, action="decrease")
+
+        def load(i, slot, wait_free: bool):
+            keys = (batch, pl.ds(key0(i), bk), kv_head)
+            for src, dst, ready, free in ((k_ref, k_smem, k_ready, k_free), (v_ref, v_smem, v_ready, v_free)):
+                if wait_free:  # K of the next block may load while V of this one is still being read
+                    plgpu.barrier_wait(free.at[slot])
+                plgpu.copy_gmem_to_smem(src.at[keys], dst.at[slot], ready.at[slot])
+
+        for i in range(stages):
+            pl.when(i < steps)(functools.partial(load, i, i, False))
+
+        def refill(j, _):
+            load(j + stages, lax.rem(j, stages), True)
+
+        lax.fori_loop(0, jnp.maximum(steps - stages, 0), refill, None)
+
+
+def _lower(lengths_B, q_BxRxKxD, k_BxSxKxD, v_BxSxKxD, *, cfg: MosaicConfig, scale: float, interpret: bool):
+    B, R, K, D = q_BxRxKxD.shape
+    S = k_BxSxKxD.shape[1]
+    dtype = q_BxRxKxD.dtype
+    C = cfg.compute_wgs
+    tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+    def entry(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref):
+        scratch = (plgpu.SMEM((C, ROWS_PER_WG, D), dtype, transforms=tiles),
+                   plgpu.SMEM((cfg.stages, cfg.block_kv, D), dtype, transforms=tiles),
+                   plgpu.SMEM((cfg.stages, cfg.block_kv, D), dtype, transforms=tiles),
+                   plgpu.SMEM((C, ROWS_PER_WG), jnp.float32))
+        ready = (plgpu.Barrier(num_barriers=C), plgpu.Barrier(num_barriers=cfg.stages),
+                 plgpu.Barrier(num_barriers=cfg.stages))
+        free = (plgpu.Barrier(num_arrivals=C, num_barriers=cfg.stages),) * 2
+        body = functools.partial(_kernel, cfg=cfg, kv_heads=K, capacity=S, head_dim=D, scale2=scale * LOG2E,
+                                 interpret=interpret)
+        pl.run_scoped(lambda *s: body(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, s), scratch, ready, free,
+                      plgpu.Barrier(num_arrivals=C), collective_axes="wg")
+
+    if interpret:
+        from pallas.mosaic_interpret import interpret_params
+        options = dict(interpret=interpret_params())
+    else:
+        options = dict(compiler_params=plgpu.CompilerParams(approx_math=True))
+    out_type = (jax.ShapeDtypeStruct((cfg.num_splits, B, R, K, D), dtype),
+                jax.ShapeDtypeStruct((cfg.num_splits, B, K, R), jnp.float32))
+    return plgpu.kernel(entry, out_type=out_type, grid=(R // cfg.rows_per_block(), cfg.num_splits, K * B),
+                        grid_names=("rows", "split", "head_batch"), num_threads=C + 1, thread_name="wg",
+                        **options)(lengths_B, q_BxRxKxD, k_BxSxKxD, v_BxSxKxD)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "scale", "interpret"))
+def mosaic_cache_partials(q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, *, cfg: MosaicConfig,
+                          scale: float, interpret: bool = False):
+    """Per-split attention of the folded rows over the valid cache prefix (module docstring).
+
+    q_BxRxKxD: folded queries (``fold_group``), R a multiple of ``cfg.rows_per_block()``. Returns
+    ``(o [splits, B, R, K, D] in q.dtype, lse [splits, B, K, R] float32)``, each split normalised on its own.
+    ``interpret=True`` runs the kernel in jax's Mosaic GPU interpreter (any device; slow, for tests).
+    """
+    B, R, K, D = q_BxRxKxD.shape
+    if k_cache_BxSxKxD.shape[0] != B or k_cache_BxSxKxD.shape[2:] != (K, D) or (
+            v_cache_BxSxKxD.shape != k_cache_BxSxKxD.shape):
+        raise ValueError(f"mosaic cache attention: q {q_BxRxKxD.shape}, k {k_cache_BxSxKxD.shape}, "
+                         f"v {v_cache_BxSxKxD.shape} do not match ([B, R, K, D] and [B, S, K, D])")
+    if not mosaic_supports(q_BxRxKxD.dtype, k_cache_BxSxKxD.dtype, D):
+        raise ValueError(f"mosaic cache attention needs float16/bfloat16 queries and cache of one dtype and a "
+                         f"head_dim that is a multiple of 64 up to 256; got q {q_BxRxKxD.dtype}, cache "
+                         f"{k_cache_BxSxKxD.dtype}, head_dim {D}")
+    if R % cfg.rows_per_block():
+        raise ValueError(f"mosaic cache attention: {R} rows are not a multiple of the {cfg.rows_per_block()} "
+                         "rows of a thread block (fold_group pads them)")
+    cfg.check(k_cache_BxSxKxD.shape[1], D, jnp.dtype(q_BxRxKxD.dtype).itemsize)
+    return _lower(lengths_B.astype(jnp.int32), q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cfg=cfg,
+                  scale=float(scale), interpret=interpret)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "config", "interpret"))
+def mosaic_cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, *, scale=None,
+                           config: MosaicConfig | None = None, extra=None, interpret: bool = False):
+    """Every query attends to cache slots ``[0, lengths[b])`` (the contract of
+    :func:`pallas.reference.cache_attention_reference`). Returns ``(o_BxMxHxD in q.dtype, lse_BxMxH float32)``.
+
+    config: launch shape (default :func:`default_mosaic_config`). extra: ``(o_BxMxHxD, lse_BxMxH)`` of another,
+    disjoint key set (the tree half), merged with the splits in the same float32 merge.
+    """
+    check_cache_operands("mosaic_cache_attention", q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B)
+    B, M, H, D = q_BxMxHxD.shape
+    S, K = k_cache_BxSxKxD.shape[1], k_cache_BxSxKxD.shape[2]
+    cfg = default_mosaic_config(B, K, M * (H // K), S, D) if config is None else config
+    q_BxRxKxD = fold_group(q_BxMxHxD, K, row_multiple=cfg.rows_per_block())
+    o_PxBxRxKxD, lse_PxBxKxR = mosaic_cache_partials(
+        q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, cfg=cfg,
+        scale=default_scale(D) if scale is None else float(scale), interpret=interpret)
+    return merge_folded_splits(o_PxBxRxKxD, jnp.swapaxes(lse_PxBxKxR, 2, 3), M, H, extra=extra,
+                               dtype=q_BxMxHxD.dtype)

@@ -1,0 +1,196 @@
+"""The Mosaic GPU cache half (pallas.mosaic_cache_attention): the kernel itself in jax's Mosaic GPU interpreter on
+the CPU (warpgroups, barriers, TMA copies and wgmma simulated; pallas.mosaic_interpret teaches it transposed and
+register operands), its lowering for a CUDA GPU, the launch-shape rules, the ``mosaic`` impl, and on the GPU the
+compiled kernel against a float32 reference.
+
+Inputs are poisoned with NaN past each sequence's valid length (the kernel must never read those slots; only a
+sequence shorter than one key block may read, and mask, slots up to that block), so any stray read fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from longspec_jax import attention
+from pallas.folding import fold_group
+from pallas.mosaic_cache_attention import (ROWS_PER_WG, MosaicConfig, default_mosaic_config, mosaic_cache_attention,
+                                           mosaic_cache_partials, mosaic_supports)
+from pallas.reference import cache_attention_reference, masked_attention_reference, merge_partials
+
+ON_GPU = jax.default_backend() == "gpu"
+
+
+def _inputs(B, M, S, H, K, D, lengths, block_kv, dtype=jnp.bfloat16, tag="mosaic"):
+    """q, clean K/V (for the reference), the same K/V poisoned with NaN past the valid length (past one key block
+    for sequences shorter than that), lengths."""
+    rng = np.random.default_rng(zlib.crc32(repr((tag, B, M, S, H, K, D, tuple(lengths))).encode()))
+
+    def normal(shape):
+        return jnp.asarray(rng.standard_normal(shape, dtype=np.float32), dtype)
+
+    q, k, v = normal((B, M, H, D)), normal((B, S, K, D)), normal((B, S, K, D))
+    lens = jnp.asarray(lengths, jnp.int32)
+    readable = jnp.maximum(lens, jnp.minimum(block_kv, S))[:, None, None, None]
+    poisoned = jnp.arange(S)[None, :, None, None] >= readable
+    return q, k, v, jnp.where(poisoned, jnp.nan, k), jnp.where(poisoned, jnp.nan, v), lens
+
+
+def _f32(x):
+    return x.astype(jnp.float32)
+
+
+def _assert_close(o, lse, ref_o, ref_lse):
+    o, ref_o, lse, ref_lse = (np.asarray(x, np.float32) for x in (o, ref_o, lse, ref_lse))
+    assert not np.isnan(o).any() and not np.isnan(lse).any()
+    empty = np.isneginf(ref_lse)
+    np.testing.assert_array_equal(np.isneginf(lse), empty)
+    assert (o[empty] == 0).all(), "rows with no valid key must be exactly 0"
+    err = np.linalg.norm(o - ref_o) / max(np.linalg.norm(ref_o), 1e-30)
+    assert err < 1e-2, f"relative output error {err:.3g}"
+    np.testing.assert_allclose(lse[~empty], ref_lse[~empty], rtol=2e-3, atol=2e-3)
+
+
+def _check_partials(B, M, S, H, K, D, lengths, cfg, interpret):
+    """The kernel's raw partials: every split normalised on its own, an empty split exactly (0, -inf), and their
+    merge equal to attention over the valid prefix."""
+    q, k, v, k_bad, v_bad, lens = _inputs(B, M, S, H, K, D, lengths, cfg.block_kv)
+    q_rows = fold_group(q, K, row_multiple=cfg.rows_per_block())
+    o, lse = mosaic_cache_partials(q_rows, k_bad, v_bad, lens, cfg=cfg, scale=0.3, interpret=interpret)
+    R = M * (H // K)
+    assert o.shape == (cfg.num_splits, B, q_rows.shape[1], K, D) and lse.shape == (cfg.num_splits, B, K, q_rows.shape[1])
+    o, lse = o[:, :, :R], jnp.swapaxes(lse, 2, 3)[:, :, :R]
+    empty = np.isneginf(np.asarray(lse))
+    assert (np.asarray(o, np.float32)[empty] == 0).all()
+    merged_o, merged_lse = merge_partials(o, lse)
+    ref_o, ref_lse = cache_attention_reference(_f32(fold_group(q, K)), _f32(k), _f32(v), lens, 0.3)  # head k: row
+    _assert_close(merged_o, merged_lse, ref_o, ref_lse)
+
+
+# Interpreter cases: B, M, S, H, K, D, lengths, config. Lengths cover an empty sequence, one shorter than a key
+# block, a last block that is shifted back over its predecessor, a full cache, and splits with no keys.
+CASES = {
+    "wg1-splits3": (2, 5, 512, 8, 2, 64, [300, 41], MosaicConfig(num_splits=3, block_kv=64, stages=2, compute_wgs=1)),
+    "pingpong-stages3-d128": (2, 3, 256, 4, 4, 128, [0, 200],
+                              MosaicConfig(num_splits=3, block_kv=64, stages=3, compute_wgs=2)),
+    "rowblocks3-full": (1, 37, 256, 8, 2, 64, [256], MosaicConfig(num_splits=4, block_kv=128, stages=2,
+                                                                   compute_wgs=1)),
+    "stages1": (1, 40, 384, 6, 2, 64, [383], MosaicConfig(num_splits=2, block_kv=64, stages=1, compute_wgs=1)),
+}
+# Three compute warpgroups run on the GPU only: the interpreter runs a block's warpgroups as concurrent XLA
+# executions, and on a 2-core machine a fourth one never starts while the others wait at a barrier.
+DEFAULT_SUITE = ("wg1-splits3", "pingpong-stages3-d128")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in DEFAULT_SUITE else pytest.mark.slow)
+                                  for n in CASES])
+def test_kernel_in_the_interpreter_matches_reference(name):
+    B, M, S, H, K, D, lengths, cfg = CASES[name]
+    _check_partials(B, M, S, H, K, D, lengths, cfg, interpret=True)
+
+
+def test_hybrid_mosaic_impl_equals_naive_in_the_interpreter():
+    """impl="mosaic" off a GPU: the Mosaic cache half in the interpreter, merged with the tree half in one float32
+    merge, is hybrid tree attention."""
+    B, M, S, H, K, D = 2, 20, 256, 8, 2, 64
+    q, k, v, k_bad, v_bad, lens = _inputs(B, M, S, H, K, D, [130, 256], 128, tag="hybrid")
+    rng = np.random.default_rng(1)
+    k_new, v_new = (jnp.asarray(rng.standard_normal((B, M, K, D), np.float32), jnp.bfloat16) for _ in range(2))
+    mask = jnp.asarray(np.tril(np.ones((M, M), bool)) | (rng.random((B, M, M)) < 0.3))
+    o, lse = attention.hybrid_tree_attention(q, k_bad, v_bad, lens, k_new, v_new, mask, impl="mosaic")
+    ref_o, ref_lse = attention.hybrid_tree_attention(_f32(q), _f32(k), _f32(v), lens, _f32(k_new), _f32(v_new),
+                                                     mask, impl="naive")
+    assert o.dtype == jnp.bfloat16
+    _assert_close(o, lse, ref_o, ref_lse)
+
+
+def test_mosaic_impl_keeps_few_rows_on_the_pallas_half_and_names_what_it_cannot_run(monkeypatch):
+    calls = []
+    monkeypatch.setattr(attention, "pallas_cache_attention", lambda *a, **kw: calls.append("pallas") or
+                        cache_attention_reference(*a[:4], kw.get("scale")))
+    q, k, v, _, _, lens = _inputs(1, 1, 128, 8, 2, 64, [100], 64, tag="decode")
+    attention.cache_attention(q, k, v, lens, impl="mosaic")  # 4 rows: the Pallas split-K half
+    assert calls == ["pallas"]
+    with pytest.raises(ValueError, match="impl='mosaic' needs float16/bfloat16"):
+        attention.cache_attention(_f32(q), _f32(k), _f32(v), lens, impl="mosaic")
+
+
+def test_kernel_lowers_for_a_gpu_in_every_variant():
+    """Cross-platform lowering (no GPU needed) builds the Mosaic GPU module: layouts, barriers, TMA descriptors
+    and wgmma shapes are checked at this step for each accumulation, warpgroup count and head_dim."""
+    for cfg, K, D in ((MosaicConfig(num_splits=8, stages=3, accumulate="state"), 18, 64),
+                      (MosaicConfig(num_splits=8, stages=3), 18, 64),
+                      (MosaicConfig(num_splits=16, compute_wgs=1), 8, 128),
+                      (MosaicConfig(num_splits=4, block_kv=64, stages=4, compute_wgs=3, accumulate="state"), 8, 128)):
+        R = 3 * cfg.rows_per_block()
+        q = jax.ShapeDtypeStruct((1, R, K, D), jnp.bfloat16)
+        kv = jax.ShapeDtypeStruct((1, 8192, K, D), jnp.bfloat16)
+        fn = jax.jit(lambda q, k, v, n, _c=cfg: mosaic_cache_partials(q, k, v, n, cfg=_c, scale=D ** -0.5))
+        text = fn.trace(q, kv, kv, jax.ShapeDtypeStruct((1,), jnp.int32)).lower(lowering_platforms=("cuda",)).as_text()
+        assert "mosaic_gpu" in text, cfg
+
+
+def test_config_rules_and_errors():
+    # padded 8B heads at 16k: 18 kv heads x 3 row blocks = 54 blocks, 8 splits for >= 2 blocks per SM
+    assert default_mosaic_config(1, 18, 296, 16384, 64) == MosaicConfig(num_splits=8, block_kv=128, stages=3,
+                                                                         compute_wgs=2)
+    assert default_mosaic_config(1, 8, 296, 32768, 128).num_splits == 16  # 8 heads x 3 row blocks x 16 >= 264
+    assert default_mosaic_config(4, 8, 48, 4096, 128).compute_wgs == 1  # at most one warpgroup's rows
+    assert default_mosaic_config(1, 2, 296, 512, 64).num_splits == 4  # capped by the 4 key blocks
+    assert MosaicConfig(num_splits=1, compute_wgs=3).rows_per_block() == 3 * ROWS_PER_WG
+    assert mosaic_supports(jnp.bfloat16, jnp.bfloat16, 128) and not mosaic_supports(jnp.bfloat16, jnp.bfloat16, 96)
+    assert not mosaic_supports(jnp.float32, jnp.float32, 64) and not mosaic_supports(jnp.float16, jnp.bfloat16, 64)
+    q = jnp.zeros((1, 128, 2, 64), jnp.bfloat16)
+    kv, kv512 = jnp.zeros((1, 256, 2, 64), jnp.bfloat16), jnp.zeros((1, 512, 2, 64), jnp.bfloat16)
+    n = jnp.array([10])
+    for cfg, cache, msg in ((MosaicConfig(num_splits=1, block_kv=96), kv, "multiple of 64"),
+                            (MosaicConfig(num_splits=1, block_kv=512), kv, "capacity 256 must be a multiple"),
+                            (MosaicConfig(num_splits=1, accumulate="x"), kv, "accumulate='x'"),
+                            (MosaicConfig(num_splits=0), kv, ">= 1"),
+                            (MosaicConfig(num_splits=1, compute_wgs=1, stages=8, block_kv=256), kv512,
+                             "shared memory")):
+        with pytest.raises(ValueError, match=msg):
+            mosaic_cache_partials(q, cache, cache, n, cfg=cfg, scale=0.1)
+    with pytest.raises(ValueError, match="not a multiple of the 256 rows"):
+        mosaic_cache_partials(q, kv, kv, n, cfg=MosaicConfig(num_splits=1, compute_wgs=4), scale=0.1)
+    with pytest.raises(ValueError, match="head_dim that is a multiple of 64"):
+        mosaic_cache_partials(q[..., :32], kv[..., :32], kv[..., :32], n, cfg=MosaicConfig(num_splits=1), scale=0.1)
+
+
+# ------------------------------------------------------------------------------------------------ GPU only
+
+gpu = [pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (Mosaic GPU)")]
+GPU_CASES = {  # the verification pass's shapes at 4k, every variant the benchmark sweeps, ragged lengths
+    "padded-default": (2, 74, 4096, 72, 18, 64, [4096, 1234], None),
+    "padded-state": (1, 74, 4096, 72, 18, 64, [3000], "state"),
+    "llama-default": (2, 74, 4096, 32, 8, 128, [4096, 100], None),
+    "llama-wg1-bk64": (1, 74, 4096, 32, 8, 128, [2049], dict(compute_wgs=1, block_kv=64, stages=4)),
+    "llama-wg3-state": (1, 74, 4096, 32, 8, 128, [4000], dict(compute_wgs=3, accumulate="state")),
+    "mha-empty": (2, 9, 4096, 32, 32, 128, [0, 63], None),
+    "gqa7-prefill": (1, 512, 4096, 28, 4, 128, [3500], None),
+}
+
+
+@pytest.mark.parametrize("name", list(GPU_CASES))
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (Mosaic GPU)")
+def test_compiled_kernel_on_gpu_matches_float32_reference(name):
+    B, M, S, H, K, D, lengths, change = GPU_CASES[name]
+    cfg = default_mosaic_config(B, K, M * (H // K), S, D)
+    if change == "state":
+        cfg = dataclasses.replace(cfg, accumulate="state")
+    elif change:
+        cfg = dataclasses.replace(cfg, **change)
+    _check_partials(B, M, S, H, K, D, lengths, cfg, interpret=False)
+    q, k, v, k_bad, v_bad, lens = _inputs(B, M, S, H, K, D, lengths, cfg.block_kv)
+    extra = masked_attention_reference(q, k[:, :M], v[:, :M], jnp.ones((B, M, M), bool))
+    o, lse = mosaic_cache_attention(q, k_bad, v_bad, lens, config=cfg, extra=extra)
+    with jax.default_matmul_precision("highest"):
+        ref = cache_attention_reference(_f32(q), _f32(k), _f32(v), lens)
+        ref_o, ref_lse = attention.merge_attention(ref[0], ref[1], _f32(extra[0]), extra[1])
+    _assert_close(o, lse, ref_o, ref_lse)
