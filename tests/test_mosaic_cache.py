@@ -75,9 +75,13 @@ def _check_partials(B, M, S, H, K, D, lengths, cfg, interpret):
 # Interpreter cases: B, M, S, H, K, D, lengths, config. Lengths cover an empty sequence, one shorter than a key
 # block, a last block that is shifted back over its predecessor, a full cache, and splits with no keys.
 CASES = {
-    "wg1-splits3": (2, 5, 512, 8, 2, 64, [300, 41], MosaicConfig(num_splits=3, block_kv=64, stages=2, compute_wgs=1)),
-    "pingpong-stages3-d128": (2, 3, 256, 4, 4, 128, [0, 200],
+    "wg1-splits3": (2, 5, 512, 4, 1, 64, [300, 41], MosaicConfig(num_splits=3, block_kv=64, stages=2, compute_wgs=1)),
+    "pingpong-stages3-d128": (2, 3, 256, 1, 1, 128, [0, 200],
                               MosaicConfig(num_splits=3, block_kv=64, stages=3, compute_wgs=2)),
+    "wg1-splits3-gqa4": (2, 5, 512, 8, 2, 64, [300, 41], MosaicConfig(num_splits=3, block_kv=64, stages=2,
+                                                                       compute_wgs=1)),
+    "pingpong-stages3-d128-mha4": (2, 3, 256, 4, 4, 128, [0, 200],
+                                   MosaicConfig(num_splits=3, block_kv=64, stages=3, compute_wgs=2)),
     "rowblocks3-full": (1, 37, 256, 8, 2, 64, [256], MosaicConfig(num_splits=4, block_kv=128, stages=2,
                                                                    compute_wgs=1)),
     "stages1": (1, 40, 384, 6, 2, 64, [383], MosaicConfig(num_splits=2, block_kv=64, stages=1, compute_wgs=1)),
@@ -97,8 +101,8 @@ def test_kernel_in_the_interpreter_matches_reference(name):
 def test_hybrid_mosaic_impl_equals_naive_in_the_interpreter():
     """impl="mosaic" off a GPU: the Mosaic cache half in the interpreter, merged with the tree half in one float32
     merge, is hybrid tree attention."""
-    B, M, S, H, K, D = 2, 20, 256, 8, 2, 64
-    q, k, v, k_bad, v_bad, lens = _inputs(B, M, S, H, K, D, [130, 256], 128, tag="hybrid")
+    B, M, S, H, K, D = 2, 16, 128, 4, 1, 64
+    q, k, v, k_bad, v_bad, lens = _inputs(B, M, S, H, K, D, [70, 128], 128, tag="hybrid")
     rng = np.random.default_rng(1)
     k_new, v_new = (jnp.asarray(rng.standard_normal((B, M, K, D), np.float32), jnp.bfloat16) for _ in range(2))
     mask = jnp.asarray(np.tril(np.ones((M, M), bool)) | (rng.random((B, M, M)) < 0.3))

@@ -46,6 +46,7 @@ from infer.decoding import Progress, StopCriteria, prefill_and_first_token
 from infer.generate import pad_prompts, plan_speculative
 from infer.plain import plain_loop
 from infer.speculative import SpecSettings, speculative_loop, speculative_start
+from longspec_jax.attention import IMPLS
 from longspec_jax.draft import DraftWeights
 from longspec_jax.sampling import SamplingConfig
 
@@ -69,7 +70,7 @@ def load_pair(args):
     big, big_draft = build_padded_pair(args.fixture, args.pad_script, args.work)
     target = load_target(big, dtype=jnp.bfloat16)
     return (target, load_draft(big_draft, target),
-            dev_prompt_tokens(target.tokenizer, stream_length(args)), "auto")
+            dev_prompt_tokens(target.tokenizer, stream_length(args)), args.attention)
 
 
 def stream_length(args) -> int:
@@ -78,7 +79,8 @@ def stream_length(args) -> int:
 
 def run(args) -> dict:
     results: dict = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
-                     "jax": jax.__version__, "tree_shape": list(TREE), "batch": args.batch, "contexts": {}}
+                     "jax": jax.__version__, "tree_shape": list(TREE), "batch": args.batch,
+                     "attention": "xla" if args.smoke else args.attention, "contexts": {}}
     t0 = time.perf_counter()
     target, draft, prompt_stream, impl = load_pair(args)
     results["load_s"] = time.perf_counter() - t0
@@ -236,6 +238,8 @@ def main(argv=None) -> int:
                    help="times the verify / commit phases of both commit schemes are timed, in turn")
     p.add_argument("--batch", type=int, default=1, help="sequences per generate call (rows start BATCH_STRIDE apart)")
     p.add_argument("--budget-s", type=float, default=1e9, help="start no new context or phase set after this")
+    p.add_argument("--attention", default="auto", choices=IMPLS,
+                   help="attention impl of the padded pair (longspec_jax.attention; --smoke: xla)")
     args = p.parse_args(argv)
     if args.batch < 1:
         p.error(f"--batch must be >= 1, got {args.batch}")
