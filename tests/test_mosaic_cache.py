@@ -3,8 +3,9 @@ the CPU (warpgroups, barriers, TMA copies and wgmma simulated; pallas.mosaic_int
 register operands), its lowering for a CUDA GPU, the launch-shape rules, the ``mosaic`` impl, and on the GPU the
 compiled kernel against a float32 reference.
 
-Inputs are poisoned with NaN past each sequence's valid length (the kernel must never read those slots; only a
-sequence shorter than one key block may read, and mask, slots up to that block), so any stray read fails.
+Inputs are poisoned with NaN past each sequence's valid length rounded up to 8 (the kernel must never read those
+slots; a sequence shorter than one key block may read, and mask, slots up to that block), so any stray read
+fails. Lengths that are not multiples of 8 check the masking of the slots read past the end.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ ON_GPU = jax.default_backend() == "gpu"
 
 
 def _inputs(B, M, S, H, K, D, lengths, block_kv, dtype=jnp.bfloat16, tag="mosaic"):
-    """q, clean K/V (for the reference), the same K/V poisoned with NaN past the valid length (past one key block
-    for sequences shorter than that), lengths."""
+    """q, clean K/V (for the reference), the same K/V poisoned with NaN past the valid length rounded up to 8
+    (past one key block for sequences shorter than that: the slots the kernel may read and mask), lengths."""
     rng = np.random.default_rng(zlib.crc32(repr((tag, B, M, S, H, K, D, tuple(lengths))).encode()))
 
     def normal(shape):
@@ -36,7 +37,7 @@ def _inputs(B, M, S, H, K, D, lengths, block_kv, dtype=jnp.bfloat16, tag="mosaic
 
     q, k, v = normal((B, M, H, D)), normal((B, S, K, D)), normal((B, S, K, D))
     lens = jnp.asarray(lengths, jnp.int32)
-    readable = jnp.maximum(lens, jnp.minimum(block_kv, S))[:, None, None, None]
+    readable = jnp.maximum((lens + 7) // 8 * 8, jnp.minimum(block_kv, S))[:, None, None, None]
     poisoned = jnp.arange(S)[None, :, None, None] >= readable
     return q, k, v, jnp.where(poisoned, jnp.nan, k), jnp.where(poisoned, jnp.nan, v), lens
 
@@ -127,10 +128,10 @@ def test_mosaic_impl_keeps_few_rows_on_the_pallas_half_and_names_what_it_cannot_
 def test_kernel_lowers_for_a_gpu_in_every_variant():
     """Cross-platform lowering (no GPU needed) builds the Mosaic GPU module: layouts, barriers, TMA descriptors
     and wgmma shapes are checked at this step for each accumulation, warpgroup count and head_dim."""
-    for cfg, K, D in ((MosaicConfig(num_splits=8, stages=3, accumulate="state"), 18, 64),
-                      (MosaicConfig(num_splits=8, stages=3), 18, 64),
+    for cfg, K, D in ((MosaicConfig(num_splits=8, stages=3), 18, 64),
+                      (MosaicConfig(num_splits=8, stages=3, accumulate="fresh"), 18, 64),
                       (MosaicConfig(num_splits=16, compute_wgs=1), 8, 128),
-                      (MosaicConfig(num_splits=4, block_kv=64, stages=4, compute_wgs=3, accumulate="state"), 8, 128)):
+                      (MosaicConfig(num_splits=4, block_kv=64, stages=4, compute_wgs=3), 8, 128)):
         R = 3 * cfg.rows_per_block()
         q = jax.ShapeDtypeStruct((1, R, K, D), jnp.bfloat16)
         kv = jax.ShapeDtypeStruct((1, 8192, K, D), jnp.bfloat16)
@@ -171,10 +172,10 @@ def test_config_rules_and_errors():
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (Mosaic GPU)")]
 GPU_CASES = {  # the verification pass's shapes at 4k, every variant the benchmark sweeps, ragged lengths
     "padded-default": (2, 74, 4096, 72, 18, 64, [4096, 1234], None),
-    "padded-state": (1, 74, 4096, 72, 18, 64, [3000], "state"),
+    "padded-fresh": (1, 74, 4096, 72, 18, 64, [3000], "fresh"),
     "llama-default": (2, 74, 4096, 32, 8, 128, [4096, 100], None),
     "llama-wg1-bk64": (1, 74, 4096, 32, 8, 128, [2049], dict(compute_wgs=1, block_kv=64, stages=4)),
-    "llama-wg3-state": (1, 74, 4096, 32, 8, 128, [4000], dict(compute_wgs=3, accumulate="state")),
+    "llama-wg3": (1, 74, 4096, 32, 8, 128, [4000], dict(compute_wgs=3)),
     "mha-empty": (2, 9, 4096, 32, 32, 128, [0, 63], None),
     "gqa7-prefill": (1, 512, 4096, 28, 4, 128, [3500], None),
 }
@@ -186,8 +187,8 @@ GPU_CASES = {  # the verification pass's shapes at 4k, every variant the benchma
 def test_compiled_kernel_on_gpu_matches_float32_reference(name):
     B, M, S, H, K, D, lengths, change = GPU_CASES[name]
     cfg = default_mosaic_config(B, K, M * (H // K), S, D)
-    if change == "state":
-        cfg = dataclasses.replace(cfg, accumulate="state")
+    if change == "fresh":
+        cfg = dataclasses.replace(cfg, accumulate="fresh")
     elif change:
         cfg = dataclasses.replace(cfg, **change)
     _check_partials(B, M, S, H, K, D, lengths, cfg, interpret=False)

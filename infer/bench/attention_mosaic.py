@@ -35,19 +35,18 @@ def parse_shapes(text: str) -> list[tuple[str, int, int, int]]:
 
 
 def variants(base, capacity: int) -> list:
-    """The default config, then each one-step change of it that fits (splits must divide the key blocks)."""
+    """The default config, then one-step changes of it."""
     from pallas.mosaic_cache_attention import MosaicConfig
     key_blocks = capacity // base.block_kv
-    out = [base, dataclasses.replace(base, accumulate="state")]
+    out = [base, dataclasses.replace(base, accumulate="fresh")]
     out += [dataclasses.replace(base, compute_wgs=c) for c in (1, 2, 3) if c != base.compute_wgs]
-    out += [dataclasses.replace(base, stages=st) for st in (2, 3, 4) if st != base.stages]
-    for bk in (64, 128):
-        if bk != base.block_kv:
-            splits = max(1, base.num_splits * base.block_kv // bk)
-            out.append(dataclasses.replace(base, block_kv=bk, num_splits=splits))
-    for ns in (base.num_splits // 2, base.num_splits * 2):
-        if ns >= 1 and key_blocks % ns == 0:
-            out.append(dataclasses.replace(base, num_splits=ns))
+    out += [dataclasses.replace(base, stages=st) for st in (2, 4) if st != base.stages]
+    if base.block_kv != 64:
+        out.append(dataclasses.replace(base, block_kv=64, stages=4))
+    # splits need not divide the key blocks (chunks are cut at run time); other counts fill the waves differently
+    out += [dataclasses.replace(base, num_splits=ns) for ns in sorted({max(1, base.num_splits * 2 // 3),
+                                                                      base.num_splits * 3 // 2, base.num_splits * 2})
+            if ns != base.num_splits and ns <= key_blocks]
     return [c for c in out if isinstance(c, MosaicConfig)]
 
 
