@@ -90,19 +90,24 @@ def mosaic_supports(q_dtype, cache_dtype, head_dim: int) -> bool:
             and head_dim % 64 == 0 and head_dim <= 256)
 
 
+# Thread blocks per SM that the split count aims at, from the H200 sweep of docs/benchmarks.md 7c (74 queries; the
+# best of 5 to 10 split counts at each of four shapes): about 4.9 waves for head_dim 64, 1.8 for head_dim 128.
+# More splits fill the SMs better but write and merge more partial outputs.
+WAVES = {64: 4.9, 128: 1.8}
+
+
 def default_mosaic_config(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int, *,
                           num_sms: int = NUM_SMS) -> MosaicConfig:
-    """Two compute warpgroups (one for at most 64 rows) and 128-key tiles (64 for head_dim > 128); two stages,
-    three for head_dim 64; the fewest chunks (dividing the key blocks of a full cache) that give about two thread
-    blocks per SM."""
+    """Two compute warpgroups (one for at most 64 rows), 128-key tiles (64 for head_dim > 128), two stages (three
+    for head_dim 64), and the split count whose thread blocks come closest to ``WAVES`` waves of the SMs (at most
+    one split per key block)."""
     block_kv = 128 if head_dim <= 128 else 64
     stages = 3 if head_dim <= 64 else 2
     compute_wgs = 1 if rows <= ROWS_PER_WG else 2
     blocks = batch * kv_heads * ceil_div(rows, compute_wgs * ROWS_PER_WG)
-    want = ceil_div(2 * num_sms, blocks)
-    key_blocks = capacity // block_kv
-    splits = next((n for n in range(want, key_blocks + 1) if key_blocks % n == 0), key_blocks)
-    return MosaicConfig(num_splits=max(1, min(splits, key_blocks)), block_kv=block_kv, stages=stages,
+    waves = WAVES[64] if head_dim <= 64 else WAVES[128]
+    splits = round(waves * num_sms / blocks)
+    return MosaicConfig(num_splits=int(min(max(splits, 1), capacity // block_kv)), block_kv=block_kv, stages=stages,
                         compute_wgs=compute_wgs)
 
 

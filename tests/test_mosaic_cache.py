@@ -141,10 +141,12 @@ def test_kernel_lowers_for_a_gpu_in_every_variant():
 
 
 def test_config_rules_and_errors():
-    # padded 8B heads at 16k: 18 kv heads x 3 row blocks = 54 blocks, 8 splits for >= 2 blocks per SM
-    assert default_mosaic_config(1, 18, 296, 16384, 64) == MosaicConfig(num_splits=8, block_kv=128, stages=3,
+    # the H200 sweep's best split counts: padded 8B heads at 16k and 32k (54 blocks), at batch 4 (216), Llama-3-8B (24)
+    assert default_mosaic_config(1, 18, 296, 16384, 64) == MosaicConfig(num_splits=12, block_kv=128, stages=3,
                                                                          compute_wgs=2)
-    assert default_mosaic_config(1, 8, 296, 32768, 128).num_splits == 16  # 8 heads x 3 row blocks x 16 >= 264
+    assert default_mosaic_config(1, 18, 296, 32768, 64).num_splits == 12
+    assert default_mosaic_config(4, 18, 296, 16384, 64).num_splits == 3
+    assert default_mosaic_config(1, 8, 296, 32768, 128).num_splits == 10
     assert default_mosaic_config(4, 8, 48, 4096, 128).compute_wgs == 1  # at most one warpgroup's rows
     assert default_mosaic_config(1, 2, 296, 512, 64).num_splits == 4  # capped by the 4 key blocks
     assert MosaicConfig(num_splits=1, compute_wgs=3).rows_per_block() == 3 * ROWS_PER_WG

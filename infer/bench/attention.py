@@ -91,6 +91,8 @@ def parse_args(argv=None):
                                                "padded-8b:64:16384:4",
                    help="model:head_dim:cache_length:batch,... of the mosaic section")
     p.add_argument("--mosaic-budget-s", type=float, default=150.0)
+    p.add_argument("--mosaic-default-only", dest="mosaic_variants", action="store_false",
+                   help="mosaic section: the default config (and cuDNN) only, no variants")
     p.add_argument("--target-s", type=float, default=0.025,
                    help="seconds per timed call: the in-jit loop count n is chosen so one call lasts about this")
     p.add_argument("--calls", type=int, default=5, help="timed calls per op (median reported), after a warm-up")

@@ -78,7 +78,7 @@ def run_sweep_mosaic(args, copy_bw, t_start, timer: OpTimer) -> list:
                                                                chunk_attention=chunk_fn))]
         ops += [("mosaic", cfg, (lambda i, _c=cfg: mosaic_cache_attention(i["q"], i["k_cache"], i["v_cache"],
                                                                           i["lengths"], config=_c)))
-                for cfg in variants(base, S)]
+                for cfg in (variants(base, S) if args.mosaic_variants else [base])]
         for name, cfg, op in ops:
             if time.perf_counter() - section_start > args.mosaic_budget_s or time.perf_counter() - t_start > args.budget_s:
                 log("  mosaic budget used up; skipping the rest")
