@@ -2,6 +2,7 @@
 
 ``tree_attention``: the speculative half (new queries x new keys under a boolean mask).
 ``cache_attention``: the cache half (split-K flash-decoding over the valid cache prefix).
+``mosaic_cache_attention``: the cache half for many query rows on Hopper (Mosaic GPU: wgmma + TMA).
 Both return ``(o in q.dtype, lse float32)``; ``backend=None`` picks Triton on GPU and interpret mode elsewhere.
 """
 
