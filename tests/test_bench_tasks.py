@@ -96,9 +96,31 @@ def test_hf_baseline_matches_our_greedy_output(tmp_path):
     ours = generate(target, [prompt], max_new_tokens=12, eos_token_id=[]).tokens[0].tolist()
     runner = HFRunner(str(path))
     for lookup in (0, 4):
-        run = runner.run(prompt, 12, 0.0, lookup, seed=0, eos_ids=[])
+        run = runner.run([prompt], 12, 0.0, lookup, seed=0, eos_ids=[])
         assert run["tokens"] == [ours] and run["generated"] == [12]
         assert run["total_s"] > 0 and run["probe_s"] > 0 and run["probe_generated"] == [1]
+
+
+def test_hf_baseline_batches_left_padded_rows_like_our_greedy_output(tmp_path):
+    from infer.bench.task_hf import HFRunner
+
+    path = build_target_dir(tmp_path / "target")
+    target = load_target(path, dtype=jnp.float32)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, target.config.vocab_size, n).tolist() for n in (40, 29, 33)]
+    prompts[1][:3] = [0, 0, 0]  # the padding id inside a prompt: only the attention mask tells them apart
+    runner = HFRunner(str(path))
+    ours = generate(target, prompts, max_new_tokens=12, eos_token_id=[])
+    run = runner.run(prompts, 12, 0.0, 0, seed=0, eos_ids=[])
+    assert run["tokens"] == ours.tokens.tolist() and run["generated"] == [12, 12, 12]
+    assert run["probe_generated"] == [1, 1, 1]
+    eos = ours.tokens[1, 4].item()  # row 1 ends at its 5th token (the others where, or if, they reach it)
+    ours = generate(target, prompts, max_new_tokens=12, eos_token_id=eos)
+    run = runner.run(prompts, 12, 0.0, 0, seed=0, eos_ids=[eos])
+    assert run["generated"] == ours.num_generated.tolist() and run["generated"][1] == 5
+    assert run["tokens"] == [ours.tokens[b, :n].tolist() for b, n in enumerate(ours.num_generated)]
+    with pytest.raises(ValueError, match="batch 1 only"):
+        runner.run(prompts, 12, 0.0, 4, seed=0, eos_ids=[])
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
-"""The outside anchor of the tasks benchmark: Hugging Face ``generate`` on the same target in PyTorch, plain and
-with its own prompt lookup (``prompt_lookup_num_tokens``), batch 1, timed like ours (generation minus a probe
-call: here one new token, as eager PyTorch has no compile to share)."""
+"""The outside anchor of the tasks benchmark: Hugging Face ``generate`` on the same target in PyTorch, plain (any
+batch: prompts left-padded, with an attention mask) and with its own prompt lookup (``prompt_lookup_num_tokens``;
+transformers runs it at batch 1 only), timed like ours (generation minus a probe call: here one new token, as
+eager PyTorch has no compile to share)."""
 
 from __future__ import annotations
 
@@ -34,14 +35,17 @@ class HFRunner:
             torch.cuda.synchronize()
         return time.perf_counter() - t0, out
 
-    def run(self, tokens: list[int], new_tokens: int, temperature: float, lookup_tokens: int | None, seed: int,
-            eos_ids: list[int] | None, reps: int = 1) -> dict:
-        """One prompt: ``generated`` [1], ``rounds`` None (HF does not report them), ``total_s`` and ``probe_s``
-        (medians of ``reps`` calls; the probe makes ``probe_generated`` [1] = one token), ``tokens`` (the new
-        tokens), ``peak_bytes`` (torch's peak on the GPU)."""
+    def run(self, prompts: list[list[int]], new_tokens: int, temperature: float, lookup_tokens: int | None,
+            seed: int, eos_ids: list[int] | None, reps: int = 1) -> dict:
+        """One batch of prompts: ``generated`` [B], ``rounds`` None (HF does not report them), ``total_s`` and
+        ``probe_s`` (medians of ``reps`` calls; the probe makes ``probe_generated`` [B] = one token each),
+        ``tokens`` (each row's new tokens, through its EOS), ``peak_bytes`` (torch's peak on the GPU)."""
         torch = self.torch
-        ids = torch.tensor([tokens], device=self.device)
-        kwargs = dict(do_sample=temperature > 0, pad_token_id=0,
+        if lookup_tokens and len(prompts) > 1:
+            raise ValueError(f"HF prompt lookup runs at batch 1 only (transformers' assisted generation); got a "
+                             f"batch of {len(prompts)}")
+        ids, mask = left_padded(torch, prompts, PAD_ID, self.device)
+        kwargs = dict(attention_mask=mask, do_sample=temperature > 0, pad_token_id=PAD_ID,
                       eos_token_id=eos_ids if eos_ids else None)
         if temperature > 0:
             kwargs.update(temperature=temperature, top_p=1.0, top_k=0)
@@ -61,7 +65,27 @@ class HFRunner:
             torch.manual_seed(seed)
             seconds, out = self._generate(ids, new_tokens, kwargs)
             total.append(seconds)
-        new = out[0, len(tokens):].tolist()
-        return dict(generated=[len(new)], rounds=None, total_s=sorted(total)[reps // 2],
-                    probe_s=sorted(prefill)[reps // 2], probe_generated=[1], tokens=[new],
+        new = [through_eos(row, eos_ids) for row in out[:, ids.shape[1]:].tolist()]
+        return dict(generated=[len(t) for t in new], rounds=None, total_s=sorted(total)[reps // 2],
+                    probe_s=sorted(prefill)[reps // 2], probe_generated=[1] * len(prompts), tokens=new,
                     peak_bytes=torch.cuda.max_memory_allocated() if self.cuda else None)
+
+
+PAD_ID = 0  # any id: left padding is masked out, and a row that ended is cut at its EOS before its padding
+
+
+def left_padded(torch, prompts: list[list[int]], pad_id: int, device):
+    """``ids`` [B, longest] with each prompt at the right end and ``attention_mask`` [B, longest] (1 on tokens):
+    decoder-only batches grow at the right, so every row's next token follows its own last one."""
+    longest = max(len(p) for p in prompts)
+    ids = [[pad_id] * (longest - len(p)) + list(p) for p in prompts]
+    mask = [[0] * (longest - len(p)) + [1] * len(p) for p in prompts]
+    return torch.tensor(ids, device=device), torch.tensor(mask, device=device)
+
+
+def through_eos(tokens: list[int], eos_ids: list[int] | None) -> list[int]:
+    """A row's new tokens up to and including its first EOS (after it, HF fills with padding)."""
+    for i, t in enumerate(tokens):
+        if eos_ids and t in eos_ids:
+            return tokens[:i + 1]
+    return tokens

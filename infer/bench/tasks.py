@@ -13,8 +13,8 @@ compiles once per method and batch size (prompts padded to the bucket's top, so 
 Methods (``--methods``; plain first, the baseline of every speedup): ``plain``; ``tree`` (the first draft of
 ``--drafts`` with each shape of ``--tree-shapes``, the sweep; every other draft with the first shape); ``chain``
 (each draft, ``--chain``); ``pld`` (prompt lookup on our verify path, ``--pld-tokens``); ``hf`` and ``hf_pld``
-(Hugging Face ``generate`` in PyTorch on the target's directory, plain and with ``prompt_lookup_num_tokens``; batch
-1 only). Decode tokens/s exclude prefill: they are timed between a probe call and the full call (our methods: the
+(Hugging Face ``generate`` in PyTorch on the target's directory, plain at every batch size (left-padded) and with
+``prompt_lookup_num_tokens`` at batch 1, the only one transformers runs it at). Decode tokens/s exclude prefill: they are timed between a probe call and the full call (our methods: the
 probe generates just over half the tokens, so it runs the same compiled program; HF: one token). At T=0 each output
 is compared with plain's: where it parts, the float32 top-2 logit gap there says whether that is a near-tie, where
 bf16 paths may part (architecture.md section 7), or a lossless failure (``--reference32``: the target's function in
@@ -110,7 +110,8 @@ class Runner:
         a = self.args
         if method.hf_lookup is not None:
             eos_ids = [] if a.ignore_eos else list(self.target.config.eos_token_ids)
-            return self.hf.run(batch[0].tokens, a.new_tokens, temperature, method.hf_lookup, a.seed, eos_ids, a.reps)
+            return self.hf.run([s.tokens for s in batch], a.new_tokens, temperature, method.hf_lookup, a.seed,
+                               eos_ids, a.reps)
         eos = [] if a.ignore_eos else None
         key = (method, len(batch), temperature, pad_to)
         draft = self.drafts[method.draft] if method.draft else method.lookup
@@ -201,7 +202,7 @@ def run(args) -> dict:
                 pad_to = bucket_bounds(bucket, args.buckets)[1]
                 plain = None
                 for method in methods:
-                    if not batches or (method.hf_lookup is not None and batch_size > 1):
+                    if not batches or (method.hf_lookup and batch_size > 1):  # HF's lookup: batch 1 only
                         continue
                     runs = [runner(method, b, temperature, pad_to) for b in batches]
                     peaks = [r["peak_bytes"] for r in runs if r["peak_bytes"] is not None]  # None: not reported
