@@ -87,6 +87,18 @@ def test_table_and_plots_render(tmp_path):
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_best_tree_shape_ranks_an_untimed_speedup_last():
+    nan = float("nan")
+    rows = [dict(task="t", bucket=bucket, temperature=0.0, batch=1, method=f"tree[a]{shape}", speedup=speedup)
+            for bucket, runs in (("2-4k", (("4", nan), ("2,2", 1.2), ("8", nan))), ("4-8k", (("4", nan),)))
+            for shape, speedup in runs]
+    best = best_tree_shapes(rows)
+    assert [(b["bucket"], b["shape"], b["tried"]) for b in best] == [("2-4k", "2,2", 3), ("4-8k", "4", 1)]
+    assert best[0]["speedup"] == 1.2 and math.isnan(best[1]["speedup"])
+    assert "| t | 4-8k | 0.0 | 1 | 4 | nanx | 1 |" in markdown([dict(r, tau=1.0, tokens_per_s=nan, prefill_s=0.1)
+                                                              for r in rows])
+
+
 def test_hf_baseline_matches_our_greedy_output(tmp_path):
     from infer.bench.task_hf import HFRunner
 

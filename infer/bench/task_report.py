@@ -10,6 +10,7 @@ the same run.
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -72,7 +73,8 @@ def markdown(rows: list[dict]) -> str:
 
 def best_tree_shapes(rows: list[dict]) -> list[dict]:
     """Per (task, bucket, temperature, batch): the fastest tree shape of the sweep (the rows of the first draft's
-    trees, ``tree[draft]shape``), its speedup and how many shapes were tried there."""
+    trees, ``tree[draft]shape``), its speedup and how many shapes were tried there. A speedup that could not be
+    measured (NaN: a call too short to time) ranks last."""
     trees = [r for r in rows if r["method"].startswith("tree[")]
     if not trees:
         return []
@@ -83,11 +85,15 @@ def best_tree_shapes(rows: list[dict]) -> list[dict]:
             continue
         key = (r["task"], r["bucket"], r["temperature"], r["batch"])
         entry = best.setdefault(key, dict(zip(("task", "bucket", "temperature", "batch"), key),
-                                          draft=swept[len("tree["):-1], speedup=-1.0, tried=0))
+                                          draft=swept[len("tree["):-1], shape=None, speedup=math.nan, tried=0))
         entry["tried"] += 1
-        if r["speedup"] > entry["speedup"]:
+        if entry["shape"] is None or _rank(r["speedup"]) > _rank(entry["speedup"]):
             entry.update(shape=r["method"][len(swept):], speedup=r["speedup"])
     return list(best.values())
+
+
+def _rank(speedup: float) -> float:
+    return speedup if math.isfinite(speedup) else -math.inf
 
 
 def plot(rows: list[dict], out_dir: str, bucket_order: list[str]) -> list[str]:
