@@ -76,6 +76,18 @@ def test_log_and_error_text(capsys):
     assert harness.error_text(ValueError("x" * 50), limit=20) == "ValueError: xxxxxxxx"
 
 
+def test_record_failure_keeps_the_error_and_logs_it(capsys):
+    rec = dict(impl="mosaic")
+    try:
+        raise RuntimeError("y" * 2000)
+    except RuntimeError as exc:
+        harness.record_failure(rec, "padded S=16384 mosaic", exc)
+    assert rec == dict(impl="mosaic", error="RuntimeError: " + "y" * 986)
+    captured = capsys.readouterr()
+    assert re.fullmatch(r"\[bench [\d:]{8}\]   padded S=16384 mosaic: FAILED RuntimeError: y{386}\n", captured.out)
+    assert "Traceback" in captured.err
+
+
 def test_markdown_and_report_writers(tmp_path):
     lines = harness.md_header(["a", "b"]) + [harness.md_row([1, 2.5])]
     assert lines == ["| a | b |", "|---|---|", "| 1 | 2.5 |"]

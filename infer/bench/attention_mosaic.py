@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import traceback
 
 import jax.numpy as jnp
 
 from infer.bench.attention_loop import EMPTY_EST_S, OpTimer, identity_op, per_op
 from infer.bench.attention_ops import CACHE_USES, MODELS, RowInputs, cache_bytes, chunk_attention_fn
-from infer.bench.harness import error_text, log, md_header, md_row
+from infer.bench.harness import error_text, log, md_header, md_row, record_failure
 
 PEAK_FLOPS = 790e12  # bf16 dense matrix rate measured on the H200 (KINDS.md); the FLOP ceiling of the roofline
 
@@ -92,9 +91,7 @@ def run_sweep_mosaic(args, copy_bw, t_start, timer: OpTimer) -> list:
                 log(f"  {model} D={D} S={S} B={B} {name} {cfg or ''}: {r['us']:.1f} us "
                     f"({100 * rec['frac_roofline']:.0f}% of the {roof * 1e6:.1f} us roofline)")
             except Exception as exc:
-                rec["error"] = error_text(exc, 1000)
-                log(f"  {model} D={D} S={S} B={B} {name} {cfg or ''}: FAILED {rec['error'][:400]}")
-                traceback.print_exc()
+                record_failure(rec, f"{model} D={D} S={S} B={B} {name} {cfg or ''}", exc)
             results.append(rec)
         del inputs
     return results

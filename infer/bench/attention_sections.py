@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from infer.bench.attention_loop import EMPTY_EST_S, OpTimer, identity_op, l2_cell, l2_note, num_rotations, per_op
 from infer.bench.attention_ops import MODELS, RowInputs, build_ops, cache_bytes, chunk_attention_fn
-from infer.bench.harness import error_text, log
+from infer.bench.harness import error_text, log, record_failure
 
 
 def ints(s: str) -> list[int]:
@@ -99,9 +99,7 @@ def run_sweep(args, backend, copy_bw, t_start, timer: OpTimer) -> list:
                 log(f"  {label}: {r['us']:8.1f} us (raw {r['raw_us']:.1f})" + (f"  {bw / 1e12:.2f} TB/s" if bw else "")
                     + (f" ({100 * bw / copy_bw:.0f}% of copy)" if (copy_bw and bw) else ""))
             except Exception as exc:
-                log(f"  {label}: FAILED {error_text(exc)}")
-                traceback.print_exc()
-                rec["error"] = error_text(exc, 1000)
+                record_failure(rec, label, exc)
                 results.append(rec)
     return results
 
@@ -151,9 +149,7 @@ def run_sweep_cudnn(args, copy_bw, t_start, timer: OpTimer) -> list:
                     log(f"  cuDNN {model} M={M} splits={used}{' (default)' if rec['default'] else ''}: "
                         f"{r['us']:8.1f} us" + (f" ({100 * bw / copy_bw:.0f}% of copy)" if (copy_bw and bw) else ""))
                 except Exception as exc:
-                    rec["error"] = error_text(exc, 1000)
-                    log(f"  cuDNN {model} M={M} splits={used}: FAILED {rec['error'][:300]}")
-                    traceback.print_exc()
+                    record_failure(rec, f"cuDNN {model} M={M} splits={used}", exc)
                 results.append(rec)
         del inputs
     return results

@@ -15,6 +15,7 @@ import json
 import math
 import statistics
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,6 +31,14 @@ def log(msg: str) -> None:
 
 def error_text(exc: BaseException, limit: int = 2000) -> str:
     return f"{type(exc).__name__}: {exc}"[:limit]
+
+
+def record_failure(rec: dict, label: str, exc: BaseException) -> None:
+    """A measurement that raised: its error into ``rec["error"]``, a log line naming ``label`` and the traceback;
+    the benchmark goes on with the next one."""
+    rec["error"] = error_text(exc, 1000)
+    log(f"  {label}: FAILED {rec['error'][:400]}")
+    traceback.print_exc()
 
 
 # ------------------------------------------------------------------------------------------------ timing
