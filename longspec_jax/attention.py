@@ -20,7 +20,7 @@ from longspec_jax.cudnn_cache import cudnn_cache_attention, cudnn_supports
 from longspec_jax.mesh import HEAD_LSE, HEADS, ROWS, per_shard
 from pallas import cache_attention as pallas_cache_attention
 from pallas import tree_attention
-from pallas.mosaic_cache_attention import mosaic_cache_attention, mosaic_supports
+from pallas.mosaic_cache_attention import check_mosaic_operands, mosaic_cache_attention
 from pallas.reference import cache_attention_reference, default_scale, masked_attention_reference, merge_partials
 from pallas.sizes import ceil_div
 
@@ -138,10 +138,7 @@ def _cache_half(impl: str, q_BxMxHxD, k_cache_BxSxKxD):
     _, M, H, D = q_BxMxHxD.shape
     K = k_cache_BxSxKxD.shape[2]
     if impl == "mosaic":
-        if not mosaic_supports(q_BxMxHxD.dtype, k_cache_BxSxKxD.dtype, D):
-            raise ValueError(f"impl='mosaic' needs float16/bfloat16 queries and cache of one dtype and a head_dim "
-                             f"that is a multiple of 64 up to 256; got q {q_BxMxHxD.dtype}, cache "
-                             f"{k_cache_BxSxKxD.dtype}, head_dim {D}")
+        check_mosaic_operands("impl='mosaic'", q_BxMxHxD.dtype, k_cache_BxSxKxD.dtype, D)
         if M * (H // K) >= MOSAIC_MIN_ROWS:
             return functools.partial(mosaic_cache_attention, interpret=jax.default_backend() != "gpu")
         impl = "pallas"

@@ -41,7 +41,7 @@ from pallas.reference import check_cache_operands, default_scale
 from pallas.sizes import NUM_SMS, ceil_div
 
 __all__ = ["MosaicConfig", "ROWS_PER_WG", "mosaic_cache_attention", "mosaic_cache_partials", "default_mosaic_config",
-           "mosaic_supports", "MOSAIC_DTYPES"]
+           "mosaic_supports", "check_mosaic_operands", "MOSAIC_DTYPES"]
 
 ROWS_PER_WG = 64  # one wgmma's M: the query rows of a compute warpgroup
 MOSAIC_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -88,6 +88,14 @@ def mosaic_supports(q_dtype, cache_dtype, head_dim: int) -> bool:
     return (jnp.dtype(q_dtype) == jnp.dtype(cache_dtype)
             and any(jnp.dtype(q_dtype) == jnp.dtype(d) for d in MOSAIC_DTYPES)
             and head_dim % 64 == 0 and head_dim <= 256)
+
+
+def check_mosaic_operands(who: str, q_dtype, cache_dtype, head_dim: int) -> None:
+    """Raises a ValueError naming ``who`` when :func:`mosaic_supports` refuses these operands."""
+    if not mosaic_supports(q_dtype, cache_dtype, head_dim):
+        raise ValueError(f"{who} needs float16/bfloat16 queries and cache of one dtype and a head_dim that is a "
+                         f"multiple of 64 up to 256; got q {jnp.dtype(q_dtype)}, cache {jnp.dtype(cache_dtype)}, "
+                         f"head_dim {head_dim}")
 
 
 # Thread blocks per SM that the split count aims at, from the H200 sweep of docs/benchmarks.md 7c (74 queries; the
@@ -297,10 +305,7 @@ def mosaic_cache_partials(q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B
             v_cache_BxSxKxD.shape != k_cache_BxSxKxD.shape):
         raise ValueError(f"mosaic cache attention: q {q_BxRxKxD.shape}, k {k_cache_BxSxKxD.shape}, "
                          f"v {v_cache_BxSxKxD.shape} do not match ([B, R, K, D] and [B, S, K, D])")
-    if not mosaic_supports(q_BxRxKxD.dtype, k_cache_BxSxKxD.dtype, D):
-        raise ValueError(f"mosaic cache attention needs float16/bfloat16 queries and cache of one dtype and a "
-                         f"head_dim that is a multiple of 64 up to 256; got q {q_BxRxKxD.dtype}, cache "
-                         f"{k_cache_BxSxKxD.dtype}, head_dim {D}")
+    check_mosaic_operands("mosaic cache attention", q_BxRxKxD.dtype, k_cache_BxSxKxD.dtype, D)
     if R % cfg.rows_per_block():
         raise ValueError(f"mosaic cache attention: {R} rows are not a multiple of the {cfg.rows_per_block()} "
                          "rows of a thread block (fold_group pads them)")
