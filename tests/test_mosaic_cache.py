@@ -171,7 +171,6 @@ def test_config_rules_and_errors():
 
 # ------------------------------------------------------------------------------------------------ GPU only
 
-gpu = [pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (Mosaic GPU)")]
 GPU_CASES = {  # the verification pass's shapes at 4k, every variant the benchmark sweeps, ragged lengths
     "padded-default": (2, 74, 4096, 72, 18, 64, [4096, 1234], None),
     "padded-fresh": (1, 74, 4096, 72, 18, 64, [3000], "fresh"),
