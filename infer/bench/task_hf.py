@@ -85,7 +85,5 @@ def left_padded(torch, prompts: list[list[int]], pad_id: int, device):
 
 def through_eos(tokens: list[int], eos_ids: list[int] | None) -> list[int]:
     """A row's new tokens up to and including its first EOS (after it, HF fills with padding)."""
-    for i, t in enumerate(tokens):
-        if eos_ids and t in eos_ids:
-            return tokens[:i + 1]
-    return tokens
+    ends = [i for i, t in enumerate(tokens) if t in (eos_ids or ())]
+    return tokens[:ends[0] + 1] if ends else tokens
