@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import jax.numpy as jnp
 import numpy as np
@@ -157,3 +158,53 @@ def test_rope_parameters_option_wants_a_json_object(capsys):
         with pytest.raises(SystemExit):
             main(["--smoke", "--rope-parameters", bad])
         assert "--rope-parameters" in capsys.readouterr().err
+
+
+def canned_run(batch: list, method, fail: set[str]) -> dict:
+    """What ``Runner`` returns for a batch (10 tokens in 4 passes, 6 of them in the probe's 2), or the error of a
+    method named in ``fail``."""
+    if method.name in fail:
+        raise RuntimeError(f"RESOURCE_EXHAUSTED: out of memory | {method.name}")
+    b = len(batch)
+    return dict(generated=[10] * b, rounds=[4] * b, total_s=1.0, probe_generated=[6] * b, probe_rounds=[2] * b,
+                probe_s=0.6, peak_bytes=None, accept_counts=None, tokens=[list(s.tokens[:10]) for s in batch])
+
+
+@pytest.mark.parametrize("fail", [{"tree[a]2,4,4"}, {"plain"}])
+def test_a_failing_method_gets_a_failed_row_and_the_run_goes_on(tmp_path, monkeypatch, fail):
+    from infer.bench import tasks
+
+    monkeypatch.setattr(tasks.Runner, "__call__", lambda self, method, batch, t, pad: canned_run(batch, method, fail))
+    assert main(["--out", str(tmp_path), "--smoke", "--reps", "1"]) == 0
+    report = json.loads((tmp_path / "bench_tasks.json").read_text())
+    table = (tmp_path / "bench_tasks.md").read_text()
+    rows = {(r["method"], r["batch"]): r for r in report["rows"]}
+    for batch in (1, 2):
+        (name,) = fail
+        assert rows[name, batch]["error"] == f"RuntimeError: RESOURCE_EXHAUSTED: out of memory | {name}"
+        assert math.isnan(rows[name, batch]["tokens_per_s"])
+        assert f"| {batch} | {name} | failed |  |  |  |  |  | RuntimeError: RESOURCE_EXHAUSTED: out of memory / " \
+               f"{name} |" in table
+        if name == "plain":  # no baseline: nothing else of the group runs
+            assert [m for m, b in rows if b == batch] == ["plain"]
+        else:  # the methods after the failed one ran and were compared with plain
+            assert rows["chain[a]4", batch]["speedup"] == 1.0 and rows["pld10", batch]["tau"] == 2.0
+    assert report["plots"] == ([] if fail == {"plain"} else [str(tmp_path / "tasks_speed.png"),
+                                                            str(tmp_path / "tasks_accept_hist.png")])
+
+
+def test_hf_methods_leave_gpu_memory_to_torch(monkeypatch):
+    from infer.bench import tasks
+    from infer.bench.task_hf import JAX_ALLOCATOR_SETTINGS, leave_gpu_memory_to_torch
+
+    env = {}
+    assert leave_gpu_memory_to_torch(env) and env == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    for key in JAX_ALLOCATOR_SETTINGS:  # the user's own setting stays
+        env = {key: "0.5"}
+        assert not leave_gpu_memory_to_torch(env) and env == {key: "0.5"}
+    monkeypatch.setattr(tasks, "run", lambda args: dict(rows=[]))
+    for methods, expected in (("plain,tree", None), ("plain,hf", "false"), ("plain,hf_pld", "false")):
+        for key in JAX_ALLOCATOR_SETTINGS:
+            monkeypatch.delenv(key, raising=False)
+        main(["--out", "unused", "--target", "t", "--repo-docs", "d.jsonl", "--methods", methods])
+        assert os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE") == expected

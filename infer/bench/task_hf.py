@@ -5,7 +5,23 @@ eager PyTorch has no compile to share)."""
 
 from __future__ import annotations
 
+import os
 import time
+
+# the variables by which a user sets JAX's GPU memory allocation (jax.readthedocs.io: GPU memory allocation)
+JAX_ALLOCATOR_SETTINGS = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                          "XLA_PYTHON_CLIENT_ALLOCATOR")
+
+
+def leave_gpu_memory_to_torch(environ=os.environ) -> bool:
+    """JAX takes 75% of a GPU's memory when its backend starts, which leaves HF's PyTorch model too little (batch 8
+    of 16k prompts on the padded pair ran out of memory on the H200). Unless the user has set JAX's allocation,
+    JAX grows its pool as it needs instead (plain decoding's rate unchanged there: docs/benchmarks.md 6e). Call it
+    before JAX starts its backend; returns whether it changed ``environ``."""
+    if any(key in environ for key in JAX_ALLOCATOR_SETTINGS):
+        return False
+    environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    return True
 
 
 class HFRunner:
@@ -53,6 +69,14 @@ class HFRunner:
             kwargs["prompt_lookup_num_tokens"] = lookup_tokens
         if not eos_ids:
             kwargs["min_new_tokens"] = new_tokens
+        try:
+            return self._timed(ids, new_tokens, kwargs, seed, eos_ids, reps)
+        finally:  # torch's cached blocks back to the device, for the JAX methods that come next
+            if self.cuda:
+                torch.cuda.empty_cache()
+
+    def _timed(self, ids, new_tokens: int, kwargs: dict, seed: int, eos_ids: list[int] | None, reps: int) -> dict:
+        torch = self.torch
         if not self.warm:
             self._generate(ids, new_tokens, kwargs)
             self.warm = True
@@ -67,7 +91,7 @@ class HFRunner:
             total.append(seconds)
         new = [through_eos(row, eos_ids) for row in out[:, ids.shape[1]:].tolist()]
         return dict(generated=[len(t) for t in new], rounds=None, total_s=sorted(total)[reps // 2],
-                    probe_s=sorted(prefill)[reps // 2], probe_generated=[1] * len(prompts), tokens=new,
+                    probe_s=sorted(prefill)[reps // 2], probe_generated=[1] * len(ids), tokens=new,
                     peak_bytes=torch.cuda.max_memory_allocated() if self.cuda else None)
 
 

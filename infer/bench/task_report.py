@@ -51,10 +51,21 @@ def prefill_seconds(run: dict) -> float:
     return run["probe_s"] - probe * step_s
 
 
+def failed_row(row: dict) -> dict:
+    """A method's row whose runs raised (``row["error"]``): its numbers NaN, so that tables and rankings keep it
+    and the plots leave it out."""
+    nan = float("nan")
+    return dict(row, tau=nan, tokens_per_s=nan, speedup=nan, prefill_s=nan, peak_bytes=None)
+
+
 def markdown(rows: list[dict]) -> str:
     lines = md_header(["task", "bucket", "T", "batch", "method", "tau", "tok/s", "speedup", "prefill s",
                        "peak GiB", "repeated 4-grams", "T=0 equal to plain"])
     for r in rows:
+        if "error" in r:
+            lines.append(md_row([r["task"], r["bucket"], r["temperature"], r["batch"], r["method"], "failed", "",
+                                 "", "", "", "", r["error"].splitlines()[0][:100].replace("|", "/")]))
+            continue
         equal = "" if r.get("partings") is None else lossless_cell(r["partings"])
         peak = "" if r.get("peak_bytes") is None else f"{r['peak_bytes'] / 2**30:.1f}"
         lines.append(md_row([r["task"], r["bucket"], r["temperature"], r["batch"], r["method"], f"{r['tau']:.2f}",
@@ -99,11 +110,14 @@ def _rank(speedup: float) -> float:
 def plot(rows: list[dict], out_dir: str, bucket_order: list[str]) -> list[str]:
     """``tasks_speed.png`` (tokens/s and tau against bucket per method, one panel pair per temperature, batch 1
     or the smallest batch) and ``tasks_accept_hist.png`` (share of rounds by tokens emitted, per method, one
-    panel per temperature)."""
+    panel per temperature); failed rows left out, and no plots where every row failed."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rows = [r for r in rows if "error" not in r]
+    if not rows:
+        return []
     batch = min(r["batch"] for r in rows)
     temps = sorted({r["temperature"] for r in rows})
     methods = list(dict.fromkeys(r["method"] for r in rows))
@@ -137,7 +151,8 @@ def plot(rows: list[dict], out_dir: str, bucket_order: list[str]) -> list[str]:
         ax.set_title(f"T={t}: tokens emitted per round (all buckets and batches)")
         ax.set_xlabel("tokens emitted per round")
         ax.set_ylabel("share of rounds")
-        ax.legend(fontsize=7)
+        if hist_methods:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     paths.append(os.path.join(out_dir, "tasks_accept_hist.png"))
     fig.savefig(paths[1], dpi=100)

@@ -22,7 +22,10 @@ bf16 paths may part (architecture.md section 7), or a lossless failure (``--refe
 float32; with ``--pad-script`` the small fixture, whose function the padded pair computes).
 
 Peak memory per row: the compiled program's peak device bytes (XLA's memory analysis of the whole call:
-weights, prompts, caches, temporaries, outputs); HF rows: torch's peak over their calls.
+weights, prompts, caches, temporaries, outputs); HF rows: torch's peak over their calls. With HF methods, JAX's GPU
+pool grows as it needs instead of taking 75% of the device at start (unless ``XLA_PYTHON_CLIENT_*`` is set). A
+method that raises (out of device memory, say) gets a failed row with its error, and the run goes on; where plain
+fails, the rest of its group is skipped.
 
 ``--pad-script pad_model.py --work DIR``: the target and drafts are first padded to 8B-like cost (reused when
 already in DIR); every method, HF included, then runs on the padded pair. ``--rope-parameters JSON`` first gives
@@ -45,12 +48,13 @@ import jax
 import numpy as np
 
 from infer.bench.drafts import repeat_4gram_share
-from infer.bench.harness import arg_parser, log, median_call, write_report
-from infer.bench.task_data import (Sample, bucket_bounds, bucket_name, load_longbench, load_reasoning,
-                                   repo_completion, select)
+from infer.bench.harness import arg_parser, log, median_call, record_failure, write_report
 from infer.bench.near_tie import float32_reference, partings
 from infer.bench.spec_inputs import pad_pair, with_rope_parameters
-from infer.bench.task_report import best_tree_shapes, markdown, plot, summarize_runs
+from infer.bench.task_data import (Sample, bucket_bounds, bucket_name, load_longbench, load_reasoning,
+                                   repo_completion, select)
+from infer.bench.task_hf import leave_gpu_memory_to_torch
+from infer.bench.task_report import best_tree_shapes, failed_row, markdown, plot, summarize_runs
 from infer.generate import generate, plan_shapes, recording_program_memory
 from infer.lookup import PromptLookup
 
@@ -205,10 +209,22 @@ def run(args) -> dict:
                 for method in methods:
                     if not batches or (method.hf_lookup and batch_size > 1):  # HF's lookup: batch 1 only
                         continue
-                    runs = [runner(method, b, temperature, pad_to) for b in batches]
-                    peaks = [r["peak_bytes"] for r in runs if r["peak_bytes"] is not None]  # None: not reported
                     row = dict(task=task, bucket=bucket, temperature=temperature, batch=batch_size,
-                               method=method.name, **summarize_runs(runs), peak_bytes=max(peaks, default=None))
+                               method=method.name)
+                    label = f"{task} {bucket} T={temperature} B={batch_size} {method.name}"
+                    try:
+                        runs = [runner(method, b, temperature, pad_to) for b in batches]
+                    except Exception as e:  # e.g. out of device memory: the row says so, the run goes on
+                        record_failure(row, label, e)
+                        results["rows"].append(failed_row(row))
+                        write_report(args.out, "bench_tasks", results, markdown(results["rows"]))
+                        if plain is None:
+                            log(f"  no plain baseline: the other methods of {task} {bucket} T={temperature} "
+                                f"B={batch_size} are skipped")
+                            break
+                        continue
+                    peaks = [r["peak_bytes"] for r in runs if r["peak_bytes"] is not None]  # None: not reported
+                    row.update(**summarize_runs(runs), peak_bytes=max(peaks, default=None))
                     outputs = [t for r in runs for t in r["tokens"]]
                     prompts = [s.tokens for b in batches for s in b]
                     if plain is None:
@@ -219,8 +235,7 @@ def run(args) -> dict:
                     if temperature == 0 and method.name != "plain":
                         row["partings"] = partings(reference32, prompts, outputs, plain["outputs"])
                     results["rows"].append(row)
-                    log(f"{task} {bucket} T={temperature} B={batch_size} {method.name}: tau {row['tau']:.2f}, "
-                        f"{row['tokens_per_s']:.1f} tok/s ({row['speedup']:.2f}x)")
+                    log(f"{label}: tau {row['tau']:.2f}, {row['tokens_per_s']:.1f} tok/s ({row['speedup']:.2f}x)")
                     write_report(args.out, "bench_tasks", results, markdown(results["rows"]))
     if results["rows"]:
         results["best_tree_shapes"] = best_tree_shapes(results["rows"])
@@ -285,6 +300,8 @@ def main(argv=None) -> int:
     args.chain = tuple(int(x) for x in args.chain.split(","))
     args.batch_sizes = [int(x) for x in str(args.batch_sizes).split(",")]
     args.temperatures = [float(x) for x in args.temperatures.split(",")]
+    if any(m.startswith("hf") for m in args.methods) and leave_gpu_memory_to_torch():
+        log("HF methods share the GPU: XLA_PYTHON_CLIENT_PREALLOCATE=false (JAX's pool grows as it needs)")
     results = run(args)
     print(markdown(results["rows"]))
     return 0
