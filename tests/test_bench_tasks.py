@@ -86,6 +86,13 @@ def test_table_and_plots_render(tmp_path):
     for path in plot(rows, str(tmp_path), ["2-4k", "4-8k"]):
         with open(path, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "tasks_batch.png").exists()  # one batch size: no batch plot
+    batch2 = [dict(r, batch=2, speedup=r["speedup"] / 2) for r in rows]
+    paths = plot(rows + batch2 + [dict(rows[0], method="hf", error="OutOfMemoryError", tokens_per_s=float("nan"))],
+                 str(tmp_path), ["2-4k", "4-8k"])
+    assert paths[-1] == str(tmp_path / "tasks_batch.png") and len(paths) == 3
+    with open(paths[-1], "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_best_tree_shape_ranks_an_untimed_speedup_last():
@@ -149,8 +156,9 @@ def test_smoke_run(tmp_path):
     assert [r["prefill_s"] > 0 for r in report["rows"]] == [True] * len(report["rows"])
     assert [(b["batch"], b["shape"], b["tried"]) for b in report["best_tree_shapes"]] == [(1, "2,4,4", 1),
                                                                                           (2, "2,4,4", 1)]
-    assert report["plots"] == [str(tmp_path / "tasks_speed.png"), str(tmp_path / "tasks_accept_hist.png")]
-    assert (tmp_path / "tasks_speed.png").exists() and (tmp_path / "tasks_accept_hist.png").exists()
+    names = ["tasks_speed.png", "tasks_accept_hist.png", "tasks_batch.png"]  # batches 1 and 2: the batch plot too
+    assert report["plots"] == [str(tmp_path / name) for name in names]
+    assert all((tmp_path / name).exists() for name in names)
 
 
 def test_rope_parameters_option_wants_a_json_object(capsys):
@@ -189,8 +197,8 @@ def test_a_failing_method_gets_a_failed_row_and_the_run_goes_on(tmp_path, monkey
             assert [m for m, b in rows if b == batch] == ["plain"]
         else:  # the methods after the failed one ran and were compared with plain
             assert rows["chain[a]4", batch]["speedup"] == 1.0 and rows["pld10", batch]["tau"] == 2.0
-    assert report["plots"] == ([] if fail == {"plain"} else [str(tmp_path / "tasks_speed.png"),
-                                                            str(tmp_path / "tasks_accept_hist.png")])
+    plots = [] if fail == {"plain"} else ["tasks_speed.png", "tasks_accept_hist.png", "tasks_batch.png"]
+    assert report["plots"] == [str(tmp_path / name) for name in plots]
 
 
 def test_hf_methods_leave_gpu_memory_to_torch(monkeypatch):

@@ -109,8 +109,9 @@ def _rank(speedup: float) -> float:
 
 def plot(rows: list[dict], out_dir: str, bucket_order: list[str]) -> list[str]:
     """``tasks_speed.png`` (tokens/s and tau against bucket per method, one panel pair per temperature, batch 1
-    or the smallest batch) and ``tasks_accept_hist.png`` (share of rounds by tokens emitted, per method, one
-    panel per temperature); failed rows left out, and no plots where every row failed."""
+    or the smallest batch), ``tasks_accept_hist.png`` (share of rounds by tokens emitted, per method, one panel
+    per temperature) and, where the rows hold several batch sizes, ``tasks_batch.png`` (speedup against batch
+    size per method, one panel per temperature); failed rows left out, and no plots where every row failed."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -118,9 +119,23 @@ def plot(rows: list[dict], out_dir: str, bucket_order: list[str]) -> list[str]:
     rows = [r for r in rows if "error" not in r]
     if not rows:
         return []
-    batch = min(r["batch"] for r in rows)
     temps = sorted({r["temperature"] for r in rows})
     methods = list(dict.fromkeys(r["method"] for r in rows))
+    figures = {"tasks_speed.png": _speed_figure(plt, rows, temps, methods, bucket_order),
+               "tasks_accept_hist.png": _accept_figure(plt, rows, temps, methods)}
+    if len({r["batch"] for r in rows}) > 1:
+        figures["tasks_batch.png"] = _batch_figure(plt, rows, temps, methods)
+    paths = []
+    for name, fig in figures.items():
+        fig.tight_layout()
+        paths.append(os.path.join(out_dir, name))
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
+    return paths
+
+
+def _speed_figure(plt, rows, temps, methods, bucket_order):
+    batch = min(r["batch"] for r in rows)
     fig, axes = plt.subplots(2, len(temps), figsize=(6 * len(temps), 8), squeeze=False)
     for col, t in enumerate(temps):
         for method in methods:
@@ -133,11 +148,10 @@ def plot(rows: list[dict], out_dir: str, bucket_order: list[str]) -> list[str]:
         axes[1, col].set_title(f"T={t}, batch {batch}: tau")
         axes[1, col].set_xlabel("prompt length")
     axes[0, 0].legend(fontsize=7)
-    fig.tight_layout()
-    paths = [os.path.join(out_dir, "tasks_speed.png")]
-    fig.savefig(paths[0], dpi=100)
-    plt.close(fig)
+    return fig
 
+
+def _accept_figure(plt, rows, temps, methods):
     fig, axes = plt.subplots(1, len(temps), figsize=(7 * len(temps), 4), squeeze=False)
     hist_methods = [m for m in methods if any(r.get("accept_counts") for r in rows if r["method"] == m)]
     width = 0.8 / max(len(hist_methods), 1)
@@ -153,8 +167,23 @@ def plot(rows: list[dict], out_dir: str, bucket_order: list[str]) -> list[str]:
         ax.set_ylabel("share of rounds")
         if hist_methods:
             ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(os.path.join(out_dir, "tasks_accept_hist.png"))
-    fig.savefig(paths[1], dpi=100)
-    plt.close(fig)
-    return paths
+    return fig
+
+
+def _batch_figure(plt, rows, temps, methods):
+    """Speedup against plain at each batch size (mean over the buckets that ran it), per method."""
+    fig, axes = plt.subplots(1, len(temps), figsize=(6 * len(temps), 4), squeeze=False)
+    for ax, t in zip(axes[0], temps):
+        for method in methods:
+            picked = [r for r in rows if r["temperature"] == t and r["method"] == method]
+            xs = sorted({r["batch"] for r in picked})
+            ax.plot(xs, [np.mean([r["speedup"] for r in picked if r["batch"] == b]) for b in xs], marker="o",
+                    label=method)
+        ax.set_xscale("log", base=2)
+        batches = sorted({r["batch"] for r in rows})
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.minorticks_off()
+        ax.set_title(f"T={t}: speedup against plain decoding at the same batch")
+        ax.set_xlabel("batch size (sequences decoded together)")
+        ax.legend(fontsize=7)
+    return fig
