@@ -40,6 +40,7 @@ def test_summary_arithmetic():
     row = summarize_runs(runs)
     assert row["generated"] == 28 and row["rounds"] == 10 and row["sequences"] == 3
     assert row["tau"] == pytest.approx(28 / 13)                          # tokens / (rounds + 1 per sequence)
+    assert row["idle_row_share"] == pytest.approx(1 / 11)  # passes 4 x 2 rows + 3 x 1 row; row 2 idle in one
     assert row["tokens_per_s"] == pytest.approx((28 - 17) / (0.3 + 0.15))  # between probe and full call
     # prefill: probe time less its passes, at the cost per pass between probe and full call (the batch's longest
     # row: 0.3 s / (4 - 2) passes, 0.15 s / (3 - 1)); per token the first run's would be 0.7 - 5 * 0.3 / 4
@@ -50,6 +51,7 @@ def test_summary_arithmetic():
     assert row["accept_counts"] == [2, 6]
     hf = summarize_runs([dict(generated=[5], rounds=None, total_s=1.0, probe_generated=[1], probe_s=0.5)])
     assert math.isnan(hf["tau"]) and hf["tokens_per_s"] == pytest.approx(8.0) and hf["prefill_s"] == 0.5
+    assert math.isnan(hf["idle_row_share"]) and summarize_runs([fast_probe])["idle_row_share"] == 0
 
 
 def test_probe_reuses_the_full_calls_program():
@@ -73,13 +75,14 @@ def test_table_and_plots_render(tmp_path):
     for bucket, tps in (("2-4k", 100.0), ("4-8k", 90.0)):
         base = dict(task="t", bucket=bucket, temperature=0.0, batch=1, prefill_s=0.1, peak_bytes=2**31)
         rows.append(dict(base, method="plain", tau=1.0, tokens_per_s=tps, speedup=1.0, repeat_4gram_share=0.5))
-        rows.append(dict(base, method="tree[a]4", tau=3.0, tokens_per_s=2 * tps, speedup=2.0,
+        rows.append(dict(base, method="tree[a]4", tau=3.0, tokens_per_s=2 * tps, speedup=2.0, idle_row_share=0.25,
                          accept_counts=[1, 2, 3], partings=[None, dict(at=7, f32_top2_gap=0.02, near_tie=True)]))
         rows.append(dict(base, method="tree[a]2,2", tau=2.0, tokens_per_s=tps * (2.5 if bucket == "4-8k" else 1.5),
                          speedup=2.5 if bucket == "4-8k" else 1.5))
         rows.append(dict(base, method="tree[b]4", tau=3.0, tokens_per_s=9 * tps, speedup=9.0))  # not swept
     table = markdown(rows)
-    assert "| t | 2-4k | 0.0 | 1 | tree[a]4 | 3.00 | 200.0 | 2.00x | 0.10 | 2.0 |  | 1/2 (1 near-tie) |" in table
+    assert "| t | 2-4k | 0.0 | 1 | tree[a]4 | 3.00 | 200.0 | 2.00x | 0.25 | 0.10 | 2.0 |  | 1/2 (1 near-tie) |" in table
+    assert "| t | 2-4k | 0.0 | 1 | tree[a]2,2 | 2.00 | 150.0 | 1.50x |  | 0.10 | 2.0 |  |  |" in table  # no idle share
     assert [(b["bucket"], b["shape"], b["speedup"], b["tried"]) for b in best_tree_shapes(rows)] == [
         ("2-4k", "4", 2.0, 2), ("4-8k", "2,2", 2.5, 2)]
     assert "| t | 4-8k | 0.0 | 1 | 2,2 | 2.50x | 2 |" in table
@@ -191,7 +194,7 @@ def test_a_failing_method_gets_a_failed_row_and_the_run_goes_on(tmp_path, monkey
         (name,) = fail
         assert rows[name, batch]["error"] == f"RuntimeError: RESOURCE_EXHAUSTED: out of memory | {name}"
         assert math.isnan(rows[name, batch]["tokens_per_s"])
-        assert f"| {batch} | {name} | failed |  |  |  |  |  | RuntimeError: RESOURCE_EXHAUSTED: out of memory / " \
+        assert f"| {batch} | {name} | failed |  |  |  |  |  |  | RuntimeError: RESOURCE_EXHAUSTED: out of memory / " \
                f"{name} |" in table
         if name == "plain":  # no baseline: nothing else of the group runs
             assert [m for m, b in rows if b == batch] == ["plain"]

@@ -5,7 +5,7 @@ acceptance-length histogram).
 Conventions (reference.md 5.3): tau = tokens generated / (rounds + 1); decode tokens/s = (tokens generated - tokens
 of the probe call) / (generation time - probe time), summed over the batches, so prefill is left out; prefill
 time = the probe's time less its own decoding at that rate; speedup against plain decoding of the same samples in
-the same run.
+the same run; idle rows = the share of a batch's row slots that rode along after their row was done.
 """
 
 from __future__ import annotations
@@ -21,15 +21,19 @@ from infer.bench.near_tie import lossless_cell
 
 def summarize_runs(runs: list[dict]) -> dict:
     """Totals of one method over its batches; each run: ``generated`` [B], ``rounds`` [B] or None, ``total_s``,
-    ``probe_generated`` [B], ``probe_s``, ``probe_rounds`` [B] or None, optional ``accept_counts`` [B, A]."""
+    ``probe_generated`` [B], ``probe_s``, ``probe_rounds`` [B] or None, optional ``accept_counts`` [B, A].
+    ``idle_row_share``: a batch's rows pass together until its last row is done, and a row done earlier rides
+    along idle: the share of row slots in the full calls' passes that were idle (0 at batch 1; NaN for HF)."""
     generated = sum(int(np.sum(r["generated"])) for r in runs)
     known = all(r["rounds"] is not None for r in runs)  # HF does not report its rounds
     rounds = sum(int(np.sum(r["rounds"])) for r in runs) if known else None
     sequences = sum(len(r["generated"]) for r in runs)
     decoded = generated - sum(int(np.sum(r["probe_generated"])) for r in runs)
     decode_s = sum(r["total_s"] - r["probe_s"] for r in runs)
+    passes = sum(len(r["rounds"]) * max(r["rounds"]) for r in runs) if known else 0  # row slots of the passes
     row = dict(sequences=sequences, generated=generated, rounds=rounds,
                tau=generated / (rounds + sequences) if known else float("nan"),
+               idle_row_share=1 - rounds / passes if passes else float("nan"),
                decode_s=decode_s, prefill_s=sum(prefill_seconds(r) for r in runs),
                tokens_per_s=decoded / decode_s if decode_s > 0 and decoded > 0 else float("nan"))
     counts = [np.sum(r["accept_counts"], axis=0) for r in runs if r.get("accept_counts") is not None]
@@ -59,18 +63,19 @@ def failed_row(row: dict) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = md_header(["task", "bucket", "T", "batch", "method", "tau", "tok/s", "speedup", "prefill s",
-                       "peak GiB", "repeated 4-grams", "T=0 equal to plain"])
+    lines = md_header(["task", "bucket", "T", "batch", "method", "tau", "tok/s", "speedup", "idle rows",
+                       "prefill s", "peak GiB", "repeated 4-grams", "T=0 equal to plain"])
     for r in rows:
         if "error" in r:
             lines.append(md_row([r["task"], r["bucket"], r["temperature"], r["batch"], r["method"], "failed", "",
-                                 "", "", "", "", r["error"].splitlines()[0][:100].replace("|", "/")]))
+                                 "", "", "", "", "", r["error"].splitlines()[0][:100].replace("|", "/")]))
             continue
+        idle = r.get("idle_row_share", math.nan)
         equal = "" if r.get("partings") is None else lossless_cell(r["partings"])
         peak = "" if r.get("peak_bytes") is None else f"{r['peak_bytes'] / 2**30:.1f}"
         lines.append(md_row([r["task"], r["bucket"], r["temperature"], r["batch"], r["method"], f"{r['tau']:.2f}",
                              f"{r['tokens_per_s']:.1f}", f"{r.get('speedup', float('nan')):.2f}x",
-                             f"{r['prefill_s']:.2f}", peak,
+                             "" if math.isnan(idle) else f"{idle:.2f}", f"{r['prefill_s']:.2f}", peak,
                              "" if "repeat_4gram_share" not in r else f"{r['repeat_4gram_share']:.2f}",
                              equal]))
     best = best_tree_shapes(rows)
