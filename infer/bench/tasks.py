@@ -163,26 +163,66 @@ def smoke_inputs():
     return target, {"a": random_draft(1)}, samples
 
 
+def load_inputs(args):
+    """The target, drafts and samples of a real run, and the directories of the target's function in float32
+    (the small fixture) and of the target that runs (padded or not)."""
+    from jax import numpy as jnp
+
+    from longspec_jax import load_draft, load_target
+    small_dir, draft_dirs, work = args.target, dict(args.drafts), args.work
+    if args.rope_parameters:
+        tag = hashlib.sha1(json.dumps(args.rope_parameters, sort_keys=True).encode()).hexdigest()[:8]
+        work = os.path.join(args.work, f"rope_{tag}")
+        small_dir, draft_dirs = with_rope_parameters(small_dir, draft_dirs, args.rope_parameters,
+                                                     os.path.join(work, "small"))
+    target_dir = small_dir
+    if args.pad_script:
+        target_dir, draft_dirs = pad_pair(small_dir, draft_dirs, args.pad_script, work)
+    target = load_target(target_dir, dtype=jnp.bfloat16)
+    drafts = {name: load_draft(path, target) for name, path in draft_dirs.items()}
+    return target, drafts, gather_samples(args, target.tokenizer), small_dir, target_dir
+
+
+def group_rows(runner: Runner, methods: list[Method], batches: list[list[Sample]], pad_to: int, reference32,
+               where: dict):
+    """Each method's row for one (task, bucket, temperature, batch) group, plain first, as it is measured. A method
+    that raises (out of device memory, say) yields a failed row; where plain fails, the group ends there."""
+    temperature, plain = where["temperature"], None
+    prompts = [s.tokens for b in batches for s in b]
+    for method in methods:
+        if method.hf_lookup and where["batch"] > 1:  # HF's lookup: batch 1 only
+            continue
+        row = dict(where, method=method.name)
+        label = " ".join(str(v) for v in (where["task"], where["bucket"], f"T={temperature}", f"B={where['batch']}",
+                                           method.name))
+        try:
+            runs = [runner(method, b, temperature, pad_to) for b in batches]
+        except Exception as e:  # the row says so, and the run goes on
+            record_failure(row, label, e)
+            yield failed_row(row)
+            if plain is None:
+                log(f"  no plain baseline: the rest of {label.rsplit(' ', 1)[0]} is skipped")
+                return
+            continue
+        peaks = [r["peak_bytes"] for r in runs if r["peak_bytes"] is not None]  # None: not reported
+        row.update(**summarize_runs(runs), peak_bytes=max(peaks, default=None))
+        outputs = [t for r in runs for t in r["tokens"]]
+        if plain is None:
+            plain = dict(tps=row["tokens_per_s"], outputs=outputs)
+            row["repeat_4gram_share"] = float(np.mean([repeat_4gram_share(p, o) for p, o in zip(prompts, outputs)]))
+        row["speedup"] = row["tokens_per_s"] / plain["tps"]
+        if temperature == 0 and method.name != "plain":
+            row["partings"] = partings(reference32, prompts, outputs, plain["outputs"])
+        log(f"{label}: tau {row['tau']:.2f}, {row['tokens_per_s']:.1f} tok/s ({row['speedup']:.2f}x)")
+        yield row
+
+
 def run(args) -> dict:
     if args.smoke:
-        target, drafts, samples = smoke_inputs()
+        (target, drafts, samples), small_dir, target_dir = smoke_inputs(), None, None
         args.max_tokens = None
     else:
-        from jax import numpy as jnp
-
-        from longspec_jax import load_draft, load_target
-        small_dir, draft_dirs, work = args.target, dict(args.drafts), args.work
-        if args.rope_parameters:
-            tag = hashlib.sha1(json.dumps(args.rope_parameters, sort_keys=True).encode()).hexdigest()[:8]
-            work = os.path.join(args.work, f"rope_{tag}")
-            small_dir, draft_dirs = with_rope_parameters(small_dir, draft_dirs, args.rope_parameters,
-                                                         os.path.join(work, "small"))
-        target_dir = small_dir
-        if args.pad_script:
-            target_dir, draft_dirs = pad_pair(small_dir, draft_dirs, args.pad_script, work)
-        target = load_target(target_dir, dtype=jnp.bfloat16)
-        drafts = {name: load_draft(path, target) for name, path in draft_dirs.items()}
-        samples = gather_samples(args, target.tokenizer)
+        target, drafts, samples, small_dir, target_dir = load_inputs(args)
         if args.max_tokens is None:
             args.max_tokens = target.config.max_position_embeddings - 2000
     methods = parse_methods(args.methods, list(drafts), args.tree_shapes, args.chain, args.pld_tokens)
@@ -204,38 +244,12 @@ def run(args) -> dict:
         for batch_size in args.batch_sizes:
             for (task, bucket), group in groups.items():
                 batches = [group[i:i + batch_size] for i in range(0, len(group) - batch_size + 1, batch_size)]
-                pad_to = bucket_bounds(bucket, args.buckets)[1]
-                plain = None
-                for method in methods:
-                    if not batches or (method.hf_lookup and batch_size > 1):  # HF's lookup: batch 1 only
-                        continue
-                    row = dict(task=task, bucket=bucket, temperature=temperature, batch=batch_size,
-                               method=method.name)
-                    label = f"{task} {bucket} T={temperature} B={batch_size} {method.name}"
-                    try:
-                        runs = [runner(method, b, temperature, pad_to) for b in batches]
-                    except Exception as e:  # e.g. out of device memory: the row says so, the run goes on
-                        record_failure(row, label, e)
-                        results["rows"].append(failed_row(row))
-                        write_report(args.out, "bench_tasks", results, markdown(results["rows"]))
-                        if plain is None:
-                            log(f"  no plain baseline: the other methods of {task} {bucket} T={temperature} "
-                                f"B={batch_size} are skipped")
-                            break
-                        continue
-                    peaks = [r["peak_bytes"] for r in runs if r["peak_bytes"] is not None]  # None: not reported
-                    row.update(**summarize_runs(runs), peak_bytes=max(peaks, default=None))
-                    outputs = [t for r in runs for t in r["tokens"]]
-                    prompts = [s.tokens for b in batches for s in b]
-                    if plain is None:
-                        plain = dict(tps=row["tokens_per_s"], outputs=outputs)
-                        row["repeat_4gram_share"] = float(np.mean([repeat_4gram_share(p, o)
-                                                                   for p, o in zip(prompts, outputs)]))
-                    row["speedup"] = row["tokens_per_s"] / plain["tps"]
-                    if temperature == 0 and method.name != "plain":
-                        row["partings"] = partings(reference32, prompts, outputs, plain["outputs"])
+                if not batches:
+                    continue
+                where = dict(task=task, bucket=bucket, temperature=temperature, batch=batch_size)
+                for row in group_rows(runner, methods, batches, bucket_bounds(bucket, args.buckets)[1],
+                                      reference32, where):
                     results["rows"].append(row)
-                    log(f"{label}: tau {row['tau']:.2f}, {row['tokens_per_s']:.1f} tok/s ({row['speedup']:.2f}x)")
                     write_report(args.out, "bench_tasks", results, markdown(results["rows"]))
     if results["rows"]:
         results["best_tree_shapes"] = best_tree_shapes(results["rows"])
