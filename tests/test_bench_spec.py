@@ -13,10 +13,12 @@ def test_markdown_rows_and_phases():
     results = {"contexts": {40: {"vanilla": {"tokens_per_s": 100.0}, "decode_step_s": 0.01,
                                  "oracle_exact": dict(tau=4.0, tokens_per_s=250.0, speedup=2.5,
                                                       first_mismatch_vs_greedy=None),
-                                 "phases": {"verify": 0.002, "samples": {"verify": [0.002]}}}}}
+                                 "phases": {"verify": 0.002, "samples": {"verify": [0.002]}},
+                                 "floors": {"verify": dict(bytes=4e9, flops=1e12, seconds=0.001, bound="bytes")}}}}
     md = bench_spec.markdown(results)
     assert "| 40 | 100.0 | oracle_exact | 4.00 | 250.0 | 2.50x | None |" in md
-    assert "Phases at 40 (ms): plain decode step 10.00; verify 2.000" in md and "samples" not in md
+    assert "| plain_step | 10.000 |  |  |  |" in md  # no floor counted for it in this row
+    assert "| verify | 2.000 | 1.000 | bytes | 2.00x |" in md and "samples" not in md
 
 
 @pytest.mark.slow
@@ -39,6 +41,10 @@ def test_bench_spec_smoke(tmp_path):
     assert set(row["phases"]["samples"]) == {"verify", "verify_with_recompute", "commit_all_layers",
                                              "commit_last_layer"}
     assert all(len(v) == 3 for v in row["phases"]["samples"].values())  # --commit-repeats 3
+    assert set(row["floors"]) == {"plain_step", "draft_step0", "verify", "tree_level2", "tree_level3", "tree_level4",
+                                  "tree_level5", "full_round"}
+    assert all(f["seconds"] > 0 and f["bound"] in ("bytes", "FLOPs") for f in row["floors"].values())
+    assert results["copy"]["bytes_per_s"] > 0  # the floors' byte ceiling, measured in the same run
     ring = results["draft_state_bytes"]
     assert len({v["ring_bytes"] for v in ring.values()}) == 1  # the draft state does not grow with context
     assert "| 40 |" in (tmp_path / "bench_spec.md").read_text()

@@ -17,9 +17,8 @@ import jax.numpy as jnp
 
 from infer.bench.attention_loop import EMPTY_EST_S, OpTimer, identity_op, per_op
 from infer.bench.attention_ops import CACHE_USES, MODELS, RowInputs, cache_bytes, chunk_attention_fn
+from infer.bench.floors import PEAK_FLOPS
 from infer.bench.harness import error_text, log, md_header, md_row, record_failure
-
-PEAK_FLOPS = 790e12  # bf16 dense matrix rate measured on the H200 (KINDS.md); the FLOP ceiling of the roofline
 
 
 def parse_shapes(text: str) -> list[tuple[str, int, int, int]]:

@@ -37,7 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from infer.bench.harness import arg_parser, error_text, log, md_header, md_row, time_runs, write_report
+from infer.bench.floors import nbytes, round_floors
+from infer.bench.harness import arg_parser, copy_bandwidth, error_text, log, md_header, md_row, time_runs, write_report
 from infer.bench.near_tie import earliest_parting, float32_reference, partings
 from infer.bench.oracle import oracle_hook, oracle_table
 from infer.bench.spec_inputs import build_padded_pair, dev_prompt_tokens, stable_prompt_offset
@@ -90,9 +91,9 @@ def run(args) -> dict:
 
     tparams = target.params
     cfg = target.config
-    weight_bytes = sum(x.nbytes for x in jax.tree.leaves(tparams))
-    draft_bytes = sum(x.nbytes for x in jax.tree.leaves(draft.variables))
+    weight_bytes, draft_bytes = nbytes(tparams), nbytes(draft.variables)
     results.update(target_param_bytes=int(weight_bytes), draft_param_bytes=int(draft_bytes))
+    results["copy"] = copy_bandwidth(args.smoke)  # the byte ceiling of the phases' floors
     log(f"target {weight_bytes / 1e9:.2f} GB, draft {draft_bytes / 1e9:.3f} GB, loaded in {results['load_s']:.0f} s")
 
     N_new = args.new_tokens
@@ -151,6 +152,11 @@ def run(args) -> dict:
             try:
                 row["phases"] = phase_times(settings, tparams, weights, tokens, lengths, stop, key, args.phase_reps,
                                             real_fns[0], args.commit_repeats)
+                copy_bw = results["copy"]["bytes_per_s"]
+                row["floors"] = {name: dict(bytes=f.bytes, flops=f.flops, seconds=f.seconds(copy_bw),
+                                            bound=f.bound(copy_bw))
+                                 for name, f in round_floors(tparams, draft.variables, cfg, TREE, args.batch,
+                                                             ctx).items()}
                 log(f"ctx {ctx}: phases " + ", ".join(f"{k} {v*1e3:.2f} ms" for k, v in row["phases"].items()
                                                       if k != "samples"))
                 log(f"ctx {ctx}: commit-scheme samples (ms) " + "; ".join(
@@ -214,9 +220,22 @@ def markdown(results: dict) -> str:
                                      r["first_mismatch_vs_greedy"]]))
     for ctx, row in results["contexts"].items():
         if "phases" in row:
-            lines.append(f"\nPhases at {ctx} (ms): plain decode step {row['decode_step_s'] * 1e3:.2f}; " +
-                         ", ".join(f"{k} {v * 1e3:.3f}" for k, v in row["phases"].items() if k != "samples"))
+            lines += ["", f"Phases at {ctx}: ms, and the floor (bytes / copy bandwidth or FLOPs / peak, the larger):",
+                      ""] + phase_table(row)
     return "\n".join(lines) + "\n"
+
+
+def phase_table(row: dict) -> list[str]:
+    """Each timed phase against its floor where one is counted (``infer.bench.floors``)."""
+    times = dict(plain_step=row["decode_step_s"], **{k: v for k, v in row["phases"].items() if k != "samples"})
+    floors = row.get("floors", {})
+    lines = md_header(["phase", "ms", "floor ms", "bound by", "x floor"])
+    for name, seconds in times.items():
+        f = floors.get(name)
+        cells = ["", "", ""] if f is None else [f"{f['seconds'] * 1e3:.3f}", f["bound"],
+                                                f"{seconds / f['seconds']:.2f}x"]
+        lines.append(md_row([name, f"{seconds * 1e3:.3f}"] + cells))
+    return lines
 
 
 def main(argv=None) -> int:
