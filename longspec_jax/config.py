@@ -64,10 +64,6 @@ class TargetConfig:
         if self.head_dim % 2:
             raise ConfigError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
 
-    @property
-    def group_size(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> "TargetConfig":
         """Builds a config from the dict of an HF ``config.json`` (transformers 4.x or 5.x layout)."""
