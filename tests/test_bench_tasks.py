@@ -182,11 +182,13 @@ def canned_run(batch: list, method, fail: set[str]) -> dict:
 
 
 @pytest.mark.parametrize("fail", [{"tree[a]2,4,4"}, {"plain"}])
-def test_a_failing_method_gets_a_failed_row_and_the_run_goes_on(tmp_path, monkeypatch, fail):
+def test_a_failing_method_gets_a_failed_row_and_the_run_goes_on(tmp_path, monkeypatch, capsys, fail):
     from infer.bench import tasks
 
     monkeypatch.setattr(tasks.Runner, "__call__", lambda self, method, batch, t, pad: canned_run(batch, method, fail))
     assert main(["--out", str(tmp_path), "--smoke", "--reps", "1"]) == 0
+    bar = capsys.readouterr().err.split("\r")[-1]  # the progress bar's last state: every planned row counted,
+    assert bar.startswith("tasks: 100%") and "| 8/8 [" in bar  # those a failed plain skipped too (2 batches x 4)
     report = json.loads((tmp_path / "bench_tasks.json").read_text())
     table = (tmp_path / "bench_tasks.md").read_text()
     rows = {(r["method"], r["batch"]): r for r in report["rows"]}

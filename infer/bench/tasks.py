@@ -8,7 +8,8 @@
 Samples: the built-in repo-level completion task (``--repo-docs``: a corpus split's repositories, cut after a
 ``def``), LongBench-format tasks with the reference's templates, long-reasoning prompts; kept when
 ``1200 < length <= --max-tokens`` and in ``--buckets``, at most ``--per-bucket`` per (task, bucket). Each bucket
-compiles once per method and batch size (prompts padded to the bucket's top, so prefill covers it).
+compiles once per method and batch size (prompts padded to the bucket's top, so prefill covers it). A progress bar
+counts the rows (one per task, bucket, temperature, batch size and method).
 
 Methods (``--methods``; plain first, the baseline of every speedup): ``plain``; ``tree`` (the first draft of
 ``--drafts`` with each shape of ``--tree-shapes``, the sweep; every other draft with the first shape); ``chain``
@@ -46,6 +47,7 @@ import os
 
 import jax
 import numpy as np
+from tqdm.auto import tqdm
 
 from infer.bench.drafts import repeat_4gram_share
 from infer.bench.harness import arg_parser, log, median_call, record_failure, write_report
@@ -183,15 +185,23 @@ def load_inputs(args):
     return target, drafts, gather_samples(args, target.tokenizer), small_dir, target_dir
 
 
+def batches_of(group: list[Sample], size: int) -> list[list[Sample]]:
+    """The group's samples in batches of ``size``; a last, smaller batch is left out."""
+    return [group[i:i + size] for i in range(0, len(group) - size + 1, size)]
+
+
+def methods_at(methods: list[Method], batch_size: int) -> list[Method]:
+    """The methods that run at a batch size: HF's prompt lookup runs at batch 1 only."""
+    return [m for m in methods if not (m.hf_lookup and batch_size > 1)]
+
+
 def group_rows(runner: Runner, methods: list[Method], batches: list[list[Sample]], pad_to: int, reference32,
                where: dict):
     """Each method's row for one (task, bucket, temperature, batch) group, plain first, as it is measured. A method
     that raises (out of device memory, say) yields a failed row; where plain fails, the group ends there."""
     temperature, plain = where["temperature"], None
     prompts = [s.tokens for b in batches for s in b]
-    for method in methods:
-        if method.hf_lookup and where["batch"] > 1:  # HF's lookup: batch 1 only
-            continue
+    for method in methods_at(methods, where["batch"]):
         row = dict(where, method=method.name)
         label = " ".join(str(v) for v in (where["task"], where["bucket"], f"T={temperature}", f"B={where['batch']}",
                                            method.name))
@@ -240,17 +250,21 @@ def run(args) -> dict:
     results = dict(date=datetime.date.today().isoformat(), device=str(jax.devices()[0].device_kind),
                    jax=jax.__version__, new_tokens=args.new_tokens, methods=[m.name for m in methods],
                    samples={f"{t}/{b}": len(g) for (t, b), g in groups.items()}, rows=[])
-    for temperature in args.temperatures:
-        for batch_size in args.batch_sizes:
-            for (task, bucket), group in groups.items():
-                batches = [group[i:i + batch_size] for i in range(0, len(group) - batch_size + 1, batch_size)]
-                if not batches:
-                    continue
-                where = dict(task=task, bucket=bucket, temperature=temperature, batch=batch_size)
-                for row in group_rows(runner, methods, batches, bucket_bounds(bucket, args.buckets)[1],
-                                      reference32, where):
-                    results["rows"].append(row)
-                    write_report(args.out, "bench_tasks", results, markdown(results["rows"]))
+    plan = [(dict(task=task, bucket=bucket, temperature=temperature, batch=batch_size), batches_of(group, batch_size))
+            for temperature in args.temperatures for batch_size in args.batch_sizes
+            for (task, bucket), group in groups.items()]
+    plan = [(where, batches) for where, batches in plan if batches]
+    with tqdm(total=sum(len(methods_at(methods, where["batch"])) for where, _ in plan), unit="row",
+              desc="tasks", dynamic_ncols=True) as bar:
+        for where, batches in plan:
+            planned = bar.n + len(methods_at(methods, where["batch"]))
+            for row in group_rows(runner, methods, batches, bucket_bounds(where["bucket"], args.buckets)[1],
+                                  reference32, where):
+                results["rows"].append(row)
+                write_report(args.out, "bench_tasks", results, markdown(results["rows"]))
+                bar.set_postfix_str(f"{where['bucket']} T={where['temperature']} B={where['batch']} {row['method']}")
+                bar.update()
+            bar.update(planned - bar.n)  # a group whose plain failed skipped the rest
     if results["rows"]:
         results["best_tree_shapes"] = best_tree_shapes(results["rows"])
         results["plots"] = plot(results["rows"], args.out, names)
