@@ -51,11 +51,8 @@ def kv_bytes(config, itemsize: int, batch: int, keys: int, layers: int) -> int:
 def target_pass(tparams, config, batch: int, rows: int, keys: int) -> Floor:
     """One target pass of ``rows`` new tokens per sequence over ``keys`` cached ones, for ``batch`` sequences."""
     head = lm_head(tparams)
-    weights = nbytes(tparams["layers"]) + nbytes(head)
-    cache = kv_bytes(config, head.dtype.itemsize, batch, keys, config.num_layers)
-    gemm = 2 * (weights // head.dtype.itemsize) * batch * rows
-    attention = 4 * batch * rows * config.num_heads * keys * config.head_dim * config.num_layers
-    return Floor(weights + cache, gemm + attention)
+    return _pass(nbytes(tparams["layers"]) + nbytes(head), head.dtype.itemsize, config, batch, rows, keys,
+                 config.num_layers)
 
 
 def draft_pass(draft_variables, tparams, config, batch: int, rows: int, keys: int) -> Floor:
@@ -64,11 +61,15 @@ def draft_pass(draft_variables, tparams, config, batch: int, rows: int, keys: in
     params = draft_variables["params"]
     unused = nbytes({k: v for k, v in params["cross_attn"].items() if k in ("k_proj", "v_proj")})
     head = lm_head(tparams)
-    weights = nbytes(params) - unused + nbytes(head)
-    cache = kv_bytes(config, head.dtype.itemsize, batch, keys, 1)
-    gemm = 2 * (weights // head.dtype.itemsize) * batch * rows
-    attention = 4 * batch * rows * config.num_heads * keys * config.head_dim
-    return Floor(weights + cache, gemm + attention)
+    return _pass(nbytes(params) - unused + nbytes(head), head.dtype.itemsize, config, batch, rows, keys, 1)
+
+
+def _pass(weight_bytes: int, itemsize: int, config, batch: int, rows: int, keys: int, layers: int) -> Floor:
+    """Weights read once, ``layers`` layers of each sequence's K/V cache; 2 FLOPs per weight and row, and the
+    attention of ``rows`` queries over ``keys`` keys in ``layers`` layers."""
+    gemm = 2 * (weight_bytes // itemsize) * batch * rows
+    attention = 4 * batch * rows * config.num_heads * keys * config.head_dim * layers
+    return Floor(weight_bytes + kv_bytes(config, itemsize, batch, keys, layers), gemm + attention)
 
 
 def round_floors(tparams, draft_variables, config, tree_shape: tuple[int, ...], batch: int, keys: int) -> dict:
