@@ -37,6 +37,7 @@ import time
 import traceback
 from pathlib import Path
 
+from infer.bench.floors import nbytes
 from infer.bench.harness import arg_parser, copy_bandwidth, error_text, log, md_header, md_row, time_loop, write_report
 
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
@@ -157,10 +158,10 @@ def jax_worker(args, record: Recorder) -> None:
     t0 = time.perf_counter()
     params = init_target_params(config, jax.random.PRNGKey(0), dtype=jnp.bfloat16, std=0.02)
     jax.block_until_ready(params)
-    nbytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
-    log(f"random bf16 params: {nbytes / 1e9:.2f} GB in {time.perf_counter() - t0:.1f} s; cache capacity "
+    param_bytes = nbytes(params)
+    log(f"random bf16 params: {param_bytes / 1e9:.2f} GB in {time.perf_counter() - t0:.1f} s; cache capacity "
         f"{capacity}, prefill chunk {chunk}")
-    record(kind="model", part="jax", param_bytes=int(nbytes), capacity=capacity, init_s=time.perf_counter() - t0)
+    record(kind="model", part="jax", param_bytes=param_bytes, capacity=capacity, init_s=time.perf_counter() - t0)
 
     @functools.partial(jax.jit, donate_argnames=("cache",))
     def prefill_fn(params, tokens_1xT, length_1, cache):

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from infer.bench.floors import nbytes
 from infer.bench.harness import log, md_header, md_row, time_runs, write_report
 from infer.bench.near_tie import float32_reference, lossless_cell, partings
 from infer.bench.spec_inputs import pad_pair
@@ -165,7 +166,7 @@ def run(args) -> dict:
     # the small fixture also with --pad-script: the padded model computes its function
     reference32 = float32_reference(None if args.smoke else args.target, target)
 
-    results["target_param_bytes"] = int(sum(x.nbytes for x in jax.tree.leaves(target.params)))
+    results["target_param_bytes"] = nbytes(target.params)
     for temperature in args.temperatures:
         sampling = SamplingConfig(temperature=temperature)
         runner = Runner(target, next(iter(drafts.values())), max(args.contexts), args.new_tokens, sampling,
