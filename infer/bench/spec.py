@@ -93,7 +93,8 @@ def run(args) -> dict:
     cfg = target.config
     weight_bytes, draft_bytes = nbytes(tparams), nbytes(draft.variables)
     results.update(target_param_bytes=int(weight_bytes), draft_param_bytes=int(draft_bytes))
-    results["copy"] = copy_bandwidth(args.smoke)  # the byte ceiling of the phases' floors
+    if args.phase_contexts:
+        results["copy"] = copy_bandwidth(args.smoke)  # the byte ceiling of the phases' floors
     log(f"target {weight_bytes / 1e9:.2f} GB, draft {draft_bytes / 1e9:.3f} GB, loaded in {results['load_s']:.0f} s")
 
     N_new = args.new_tokens
