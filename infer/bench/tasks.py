@@ -197,11 +197,12 @@ def methods_at(methods: list[Method], batch_size: int) -> list[Method]:
 
 def group_rows(runner: Runner, methods: list[Method], batches: list[list[Sample]], pad_to: int, reference32,
                where: dict):
-    """Each method's row for one (task, bucket, temperature, batch) group, plain first, as it is measured. A method
-    that raises (out of device memory, say) yields a failed row; where plain fails, the group ends there."""
+    """Each method's row for one (task, bucket, temperature, batch) group (``methods``: those of
+    :func:`methods_at`, plain first), as it is measured. A method that raises (out of device memory, say) yields a
+    failed row; where plain fails, the group ends there."""
     temperature, plain = where["temperature"], None
     prompts = [s.tokens for b in batches for s in b]
-    for method in methods_at(methods, where["batch"]):
+    for method in methods:
         row = dict(where, method=method.name)
         label = " ".join(str(v) for v in (where["task"], where["bucket"], f"T={temperature}", f"B={where['batch']}",
                                            method.name))
@@ -250,15 +251,16 @@ def run(args) -> dict:
     results = dict(date=datetime.date.today().isoformat(), device=str(jax.devices()[0].device_kind),
                    jax=jax.__version__, new_tokens=args.new_tokens, methods=[m.name for m in methods],
                    samples={f"{t}/{b}": len(g) for (t, b), g in groups.items()}, rows=[])
-    plan = [(dict(task=task, bucket=bucket, temperature=temperature, batch=batch_size), batches_of(group, batch_size))
+    plan = [(dict(task=task, bucket=bucket, temperature=temperature, batch=batch_size), batches_of(group, batch_size),
+             methods_at(methods, batch_size))
             for temperature in args.temperatures for batch_size in args.batch_sizes
             for (task, bucket), group in groups.items()]
-    plan = [(where, batches) for where, batches in plan if batches]
-    with tqdm(total=sum(len(methods_at(methods, where["batch"])) for where, _ in plan), unit="row",
-              desc="tasks", dynamic_ncols=True) as bar:
-        for where, batches in plan:
-            planned = bar.n + len(methods_at(methods, where["batch"]))
-            for row in group_rows(runner, methods, batches, bucket_bounds(where["bucket"], args.buckets)[1],
+    plan = [group for group in plan if group[1]]
+    with tqdm(total=sum(len(group_methods) for *_, group_methods in plan), unit="row", desc="tasks",
+              dynamic_ncols=True) as bar:
+        for where, batches, group_methods in plan:
+            planned = bar.n + len(group_methods)
+            for row in group_rows(runner, group_methods, batches, bucket_bounds(where["bucket"], args.buckets)[1],
                                   reference32, where):
                 results["rows"].append(row)
                 write_report(args.out, "bench_tasks", results, markdown(results["rows"]))
