@@ -217,7 +217,8 @@ def test_hf_methods_leave_gpu_memory_to_torch(monkeypatch):
         assert not leave_gpu_memory_to_torch(env) and env == {key: "0.5"}
     monkeypatch.setattr(tasks, "run", lambda args: dict(rows=[]))
     for methods, expected in (("plain,tree", None), ("plain,hf", "false"), ("plain,hf_pld", "false")):
-        for key in JAX_ALLOCATOR_SETTINGS:
-            monkeypatch.delenv(key, raising=False)
+        for key in JAX_ALLOCATOR_SETTINGS:  # set, then deleted: monkeypatch restores the process's own at the end
+            monkeypatch.setenv(key, "")
+            monkeypatch.delenv(key)
         main(["--out", "unused", "--target", "t", "--repo-docs", "d.jsonl", "--methods", methods])
         assert os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE") == expected
