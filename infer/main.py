@@ -84,11 +84,12 @@ def _checked(convert, kind: str, ok, bound: str):
 
 _positive_int = _checked(int, "a positive integer", lambda v: v > 0, "a positive integer")
 _non_negative_int = _checked(int, "an integer >= 0", lambda v: v >= 0, ">= 0")
-_temperature = _checked(float, "a number", lambda v: v >= 0, ">= 0")
+temperature_arg = _checked(float, "a number", lambda v: v >= 0, ">= 0")
 _top_p = _checked(float, "a number", lambda v: 0 < v <= 1, "in (0, 1]")
 
 
-def _tree_shape(text: str) -> tuple[int, ...]:
+def tree_shape_arg(text: str) -> tuple[int, ...]:
+    """A tree shape from the command line, ``C0,C1,...`` (argparse type; the benchmarks use it too)."""
     try:
         shape = tuple(int(x) for x in text.split(","))
     except ValueError:
@@ -111,13 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--prompt", metavar="TEXT", help="the prompt text")
     source.add_argument("--prompt-file", metavar="F", help="read the prompt from this file ('-' for stdin)")
     parser.add_argument("--max-new-tokens", type=_positive_int, default=64, metavar="N")
-    parser.add_argument("--temperature", type=_temperature, default=0.0, metavar="T",
+    parser.add_argument("--temperature", type=temperature_arg, default=0.0, metavar="T",
                         help="0 = greedy (so is any T below 1e-5, longspec_jax.sampling.MIN_TEMPERATURE)")
     parser.add_argument("--top-p", type=_top_p, default=1.0, metavar="P")
     parser.add_argument("--seed", type=int, default=0, metavar="S")
     parser.add_argument("--dtype", choices=DTYPES, default="bfloat16")
     parser.add_argument("--draft", metavar="DIR", help="LongSpec draft (speculative decoding)")
-    parser.add_argument("--tree-shape", type=_tree_shape, default=(4, 16, 16, 16, 16), metavar="C0,C1,...",
+    parser.add_argument("--tree-shape", type=tree_shape_arg, default=(4, 16, 16, 16, 16), metavar="C0,C1,...",
                         help="speculative tree: beams per level (with --draft)")
     parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     parser.add_argument("--repeat", type=_non_negative_int, default=0, metavar="N",

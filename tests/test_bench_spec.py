@@ -48,3 +48,38 @@ def test_bench_spec_smoke(tmp_path):
     ring = results["draft_state_bytes"]
     assert len({v["ring_bytes"] for v in ring.values()}) == 1  # the draft state does not grow with context
     assert "| 40 |" in (tmp_path / "bench_spec.md").read_text()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--temperature", "1"], '--temperature > 0 times the phases only: pass --e2e-contexts ""'),
+    (["--tree", "4,0"], "--tree: expected comma-separated positive integers, got '4,0'"),
+    (["--temperature", "-1", "--e2e-contexts", ""], "--temperature: must be >= 0, got -1"),
+])
+def test_round_arguments_are_checked(capsys, argv, message):
+    with pytest.raises(SystemExit):
+        bench_spec.main(["--out", "unused", "--smoke"] + argv)
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bench_spec_phases_of_a_sampled_chain(tmp_path, monkeypatch):
+    """--tree and --temperature reach the timed round: its settings sample at T=1, and the phases and floors are
+    those of a three-token chain."""
+    planned, original = [], bench_spec.plan_speculative
+
+    def plan(*args):
+        planned.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(bench_spec, "plan_speculative", plan)
+    assert bench_spec.main(["--out", str(tmp_path), "--smoke", "--tree", "1,1,1", "--temperature", "1",
+                            "--e2e-contexts", "", "--commit-repeats", "1"]) == 0
+    (_, _, _, _, sampling, tree, *_), = planned
+    assert sampling.temperature == 1.0 and tree == (1, 1, 1)
+    results = json.loads((tmp_path / "bench_spec.json").read_text())
+    assert results["tree_shape"] == [1, 1, 1] and results["temperature"] == 1.0
+    row = results["contexts"]["40"]
+    assert {k for k in row["phases"] if k.startswith("tree_level")} == {"tree_level1_topk", "tree_level2",
+                                                                         "tree_level3"}
+    assert set(row["floors"]) == {"plain_step", "draft_step0", "verify", "tree_level2", "tree_level3", "full_round"}
+    assert not any(name in row for name in bench_spec.DRAFT_KINDS)  # no end-to-end runs at T > 0

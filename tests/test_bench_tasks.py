@@ -222,3 +222,16 @@ def test_hf_methods_leave_gpu_memory_to_torch(monkeypatch):
             monkeypatch.delenv(key)
         main(["--out", "unused", "--target", "t", "--repo-docs", "d.jsonl", "--methods", methods])
         assert os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE") == expected
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tree-shapes", "4,8;2,x"], "--tree-shapes: expected comma-separated positive integers, got '2,x'"),
+    (["--temperatures", "0,-1"], "--temperatures: must be >= 0, got -1"),
+    (["--buckets", "1024-x"], "--buckets: invalid literal for int()"),
+    (["--batch-sizes", "1,two"], "--batch-sizes: invalid literal for int()"),
+    (["--chain", "1,0"], "--chain: expected comma-separated positive integers, got '1,0'"),
+])
+def test_list_arguments_are_checked(capsys, argv, message):
+    with pytest.raises(SystemExit):
+        main(["--out", "unused", "--target", "t", "--repo-docs", "r.jsonl"] + argv)
+    assert message in capsys.readouterr().err

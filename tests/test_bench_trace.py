@@ -1,6 +1,8 @@
 """The profile reader: HLO instructions mapped to the Python functions that built them, busy time, and a profiled
 in-loop step on the CPU (host op events stand in for GPU kernels); the profile benchmark's smoke run (slow)."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -45,5 +47,9 @@ def test_profile_smoke(tmp_path):
     text = (tmp_path / "bench_profile.md").read_text()
     for phase in ("plain", "draft_step0", "tree_level2", "verify", "round"):
         assert f"| {phase} |" in text
-    assert main(["--out", str(tmp_path / "random"), "--smoke", "--model", "llama3-8b"]) == 0
-    assert "| verify |" in (tmp_path / "random" / "bench_profile.md").read_text()
+    assert main(["--out", str(tmp_path / "random"), "--smoke", "--model", "llama3-8b", "--tree", "2,2",
+                 "--temperature", "1"]) == 0
+    text = (tmp_path / "random" / "bench_profile.md").read_text()
+    assert "| verify |" in text and "| tree_level2 |" in text and "| tree_level3 |" not in text
+    report = json.loads((tmp_path / "random" / "bench_profile.json").read_text())
+    assert report["tree_shape"] == [2, 2] and report["temperature"] == 1.0

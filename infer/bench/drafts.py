@@ -30,6 +30,7 @@ from infer.bench.near_tie import float32_reference, lossless_cell, partings
 from infer.bench.spec_inputs import pad_pair
 from infer.decoding import Progress, StopCriteria, prefill_and_first_token
 from infer.generate import pad_prompts, plan_speculative
+from infer.main import tree_shape_arg
 from infer.plain import plain_loop
 from infer.speculative import speculative_loop, speculative_start
 from longspec_jax.sampling import SamplingConfig
@@ -229,14 +230,13 @@ def main(argv=None) -> int:
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--num-prompts", type=int, default=5)
     p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--tree", default="4,16,16,16,16")
+    p.add_argument("--tree", type=tree_shape_arg, default=(4, 16, 16, 16, 16), metavar="C0,C1,...")
     p.add_argument("--reps", type=int, default=1, help="timed runs per generation (median)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pad-script", help="pad target and drafts to 8B cost with this pad_model.py first")
     p.add_argument("--work", default="/tmp/longspec_drafts", help="where padded models are written (reused)")
     p.add_argument("--smoke", action="store_true", help="tiny random target and drafts on the CPU")
     args = p.parse_args(argv)
-    args.tree = tuple(int(x) for x in args.tree.split(","))
     args.temperatures = [float(x) for x in args.temperatures.split(",")]
     if args.smoke:
         args.contexts, args.new_tokens, args.num_prompts = "40,64", 12, 2

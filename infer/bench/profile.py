@@ -3,8 +3,8 @@
     python -m infer.bench profile --out DIR --fixture FIXTURE_DIR --pad-script pad_model.py   # GPU
     python -m infer.bench profile --out DIR --smoke                                           # CPU, tiny
 
-Same model pair, prompt and settings as ``python -m infer.bench spec`` (the padded 8B-cost pair, tree
-(4,16,16,16,16), batch 1), or with ``--model llama3-8b`` a target of true Llama-3-8B shapes (128k vocabulary,
+Same model pair, prompt and settings as ``python -m infer.bench spec`` (the padded 8B-cost pair, batch 1, its
+``--tree`` and ``--temperature``), or with ``--model llama3-8b`` a target of true Llama-3-8B shapes (128k vocabulary,
 head_dim 128) with random bf16 weights and a random draft of its shapes, on a random prompt (phase times depend on
 shapes, not on what the draft predicts). Each phase (plain decode step, draft step 0, every tree level, verify, the
 whole round) is profiled in the in-loop timing from the post-prefill state (:mod:`infer.bench.trace`): kernels per
@@ -26,7 +26,7 @@ import numpy as np
 from infer.bench.decode import LLAMA3_8B, TINY
 from infer.bench.harness import arg_parser, log, md_header, md_row, write_report
 from infer.bench.random_model import random_target
-from infer.bench.spec import TREE, load_pair
+from infer.bench.spec import add_round_args, load_pair
 from infer.bench.spec_phases import after
 from infer.bench.trace import profile_loop
 from infer.decoding import StopCriteria
@@ -124,10 +124,12 @@ def run(args) -> dict:
     target, draft, stream, impl = load_models(args)
     log(f"pair loaded in {time.perf_counter() - t0:.0f} s")
     results: dict = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
-                     "jax": jax.__version__, "model": args.model, "tree_shape": list(TREE), "contexts": {}}
+                     "jax": jax.__version__, "model": args.model, "tree_shape": list(args.tree),
+                     "temperature": args.temperature, "contexts": {}}
     stop = StopCriteria.make(args.new_tokens, [])
     for ctx in args.contexts:
-        settings = plan_speculative(target, draft, ctx, args.new_tokens, SamplingConfig(), TREE, 512, impl)
+        settings = plan_speculative(target, draft, ctx, args.new_tokens, SamplingConfig(args.temperature), args.tree,
+                                    512, impl)
         tokens, lengths = pad_prompts([np.asarray(stream[:ctx], np.int32)], settings.base.prompt_len)
         results["contexts"][ctx] = profile_context(settings, stop, target.params, draft.weights, tokens, lengths,
                                                    args.reps, args.options)
@@ -163,6 +165,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=None, help="steps per profiled call (default 20; --smoke: 2)")
     p.add_argument("--options", default="{}", help='JSON {variant: {xla option: value}} added to the default, '
                                                    'e.g. \'{"no_cmd_buffers": {"xla_gpu_enable_command_buffer": ""}}\'')
+    add_round_args(p)
     args = p.parse_args(argv)
     args.contexts = [int(x) for x in (args.contexts or ("40" if args.smoke else "16384,32768")).split(",") if x]
     args.reps = args.reps or (2 if args.smoke else 20)

@@ -16,7 +16,9 @@ the plain and the speculative output may part at a near-tie, after which an orac
 predicts the wrong text). With ``--batch B``, row b starts ``b * BATCH_STRIDE`` tokens after row 0; tokens/s are
 summed over the rows and tau is their mean. Where a speculative output differs from plain greedy, the float32
 top-2 logit gap at the first difference is recorded (the small fixture computes the padded model's function).
-Timings: jitted functions, compile excluded, ``block_until_ready``. Generation loops: median over runs. Phases
+The round is the reference's tree (4,16,16,16,16) at T=0 unless ``--tree`` / ``--temperature`` say otherwise; at
+T > 0 only the phases are timed (the oracles replay greedy output). Timings: jitted functions, compile excluded,
+``block_until_ready``. Generation loops: median over runs. Phases
 (:mod:`infer.bench.spec_phases`): each phase repeated ``--phase-reps`` times inside one jitted ``fori_loop`` from
 the post-prefill state; the phases of the two commit schemes are timed in turn, ``--commit-repeats`` times.
 
@@ -45,6 +47,7 @@ from infer.bench.spec_inputs import build_padded_pair, dev_prompt_tokens, stable
 from infer.bench.spec_phases import draft_state_bytes, phase_times
 from infer.decoding import Progress, StopCriteria, prefill_and_first_token
 from infer.generate import pad_prompts, plan_speculative
+from infer.main import temperature_arg, tree_shape_arg
 from infer.plain import plain_loop
 from infer.speculative import SpecSettings, speculative_loop, speculative_start
 from longspec_jax.attention import IMPLS
@@ -57,6 +60,14 @@ BATCH_STRIDE = 4099  # tokens between the prompt starts of two batch rows
 DEFAULTS = dict(contexts="16384,32768", phase_contexts="16384,32768", e2e_contexts="16384,32768", new_tokens=256,
                 reps=2, phase_reps=10)
 SMOKE = dict(contexts="40", phase_contexts="40", e2e_contexts="40", new_tokens=12, reps=1, phase_reps=1)
+
+
+def add_round_args(p) -> None:
+    """``--tree`` and ``--temperature``: the round the spec and profile benchmarks time."""
+    p.add_argument("--tree", type=tree_shape_arg, default=TREE, metavar="C0,C1,...",
+                   help="tree shape (default the reference's 4,16,16,16,16; 1,1,1,1 is a chain)")
+    p.add_argument("--temperature", type=temperature_arg, default=0.0,
+                   help="sampling temperature of the timed round and plain step (default 0: greedy)")
 
 
 def load_pair(args):
@@ -80,7 +91,8 @@ def stream_length(args) -> int:
 
 def run(args) -> dict:
     results: dict = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
-                     "jax": jax.__version__, "tree_shape": list(TREE), "batch": args.batch,
+                     "jax": jax.__version__, "tree_shape": list(args.tree), "temperature": args.temperature,
+                     "batch": args.batch,
                      "attention": "xla" if args.smoke else args.attention, "contexts": {}}
     t0 = time.perf_counter()
     target, draft, prompt_stream, impl = load_pair(args)
@@ -99,7 +111,8 @@ def run(args) -> dict:
 
     N_new = args.new_tokens
     # One settings object (capacity and padded prompt for the longest context) serves every context: one compile.
-    settings = plan_speculative(target, draft, max(args.contexts), N_new, SamplingConfig(), TREE, 512, impl)
+    settings = plan_speculative(target, draft, max(args.contexts), N_new, SamplingConfig(args.temperature), args.tree,
+                                512, impl)
     base = settings.base
     stop = StopCriteria.make(N_new, [])
     key = jax.random.PRNGKey(0)
@@ -156,7 +169,7 @@ def run(args) -> dict:
                 copy_bw = results["copy"]["bytes_per_s"]
                 row["floors"] = {name: dict(bytes=f.bytes, flops=f.flops, seconds=f.seconds(copy_bw),
                                             bound=f.bound(copy_bw))
-                                 for name, f in round_floors(tparams, draft.variables, cfg, TREE, args.batch,
+                                 for name, f in round_floors(tparams, draft.variables, cfg, args.tree, args.batch,
                                                              ctx).items()}
                 log(f"ctx {ctx}: phases " + ", ".join(f"{k} {v*1e3:.2f} ms" for k, v in row["phases"].items()
                                                       if k != "samples"))
@@ -260,6 +273,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=1e9, help="start no new context or phase set after this")
     p.add_argument("--attention", default="auto", choices=IMPLS,
                    help="attention impl of the padded pair (longspec_jax.attention; --smoke: xla)")
+    add_round_args(p)
     args = p.parse_args(argv)
     if args.batch < 1:
         p.error(f"--batch must be >= 1, got {args.batch}")
@@ -269,6 +283,8 @@ def main(argv=None) -> int:
     args.contexts = [int(x) for x in args.contexts.split(",") if x]
     args.phase_contexts = [int(x) for x in args.phase_contexts.split(",") if x]
     args.e2e_contexts = [int(x) for x in args.e2e_contexts.split(",") if x]
+    if args.temperature > 0 and args.e2e_contexts:  # the oracles replay plain's greedy output
+        p.error("--temperature > 0 times the phases only: pass --e2e-contexts \"\"")
     if not args.smoke and not (args.fixture and args.pad_script):
         p.error("--fixture and --pad-script are required (or --smoke)")
     results = run(args)

@@ -58,6 +58,7 @@ from infer.bench.task_data import (Sample, bucket_bounds, bucket_name, load_long
 from infer.bench.task_hf import leave_gpu_memory_to_torch
 from infer.bench.task_report import best_tree_shapes, failed_row, markdown, plot, summarize_runs
 from infer.generate import generate, plan_shapes, recording_program_memory
+from infer.main import temperature_arg, tree_shape_arg
 from infer.lookup import PromptLookup
 
 
@@ -322,14 +323,20 @@ def main(argv=None) -> int:
         args.methods = "plain,tree,chain,pld"
     elif not (args.target and (args.repo_docs or args.tasks or args.reasoning)):
         p.error("--target and a task source (--repo-docs, --longbench with --tasks, --reasoning) are required")
-    args.buckets = [tuple(int(x) for x in b.split("-")) for b in args.buckets.split(",")]
     args.tasks = [t for t in args.tasks.split(",") if t]
     args.methods = args.methods.split(",")
     args.drafts = [tuple(item.split("=", 1)) for item in args.drafts.split(",") if item]
-    args.tree_shapes = [tuple(int(x) for x in s.split(",")) for s in args.tree_shapes.split(";")]
-    args.chain = tuple(int(x) for x in args.chain.split(","))
-    args.batch_sizes = [int(x) for x in str(args.batch_sizes).split(",")]
-    args.temperatures = [float(x) for x in args.temperatures.split(",")]
+    for name, convert, sep in (("buckets", lambda b: tuple(int(x) for x in b.split("-")), ","),
+                               ("tree_shapes", tree_shape_arg, ";"), ("batch_sizes", int, ","),
+                               ("temperatures", temperature_arg, ",")):
+        try:
+            setattr(args, name, [convert(x) for x in str(getattr(args, name)).split(sep)])
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            p.error(f"--{name.replace('_', '-')}: {e}")
+    try:
+        args.chain = tree_shape_arg(args.chain)
+    except argparse.ArgumentTypeError as e:
+        p.error(f"--chain: {e}")
     if any(m.startswith("hf") for m in args.methods) and leave_gpu_memory_to_torch():
         log("HF methods share the GPU: XLA_PYTHON_CLIENT_PREALLOCATE=false (JAX's pool grows as it needs)")
     results = run(args)
