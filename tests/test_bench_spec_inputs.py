@@ -62,6 +62,35 @@ def test_padded_pair_runs_the_pad_script_once_per_model(tmp_path):
     assert len(calls.read_text().splitlines()) == 2  # nothing padded again
 
 
+def test_load_target_and_drafts_pads_first_when_asked(tmp_path):
+    """The target in bf16 and each named draft loaded against it, from the given directories or, with a pad
+    script, from its outputs (a stand-in script that copies records that it ran)."""
+    import jax
+    import jax.numpy as jnp
+
+    from longspec_jax import load_target, save_draft
+    from longspec_jax.draft import DraftConfig, init_draft
+    from tests.train_helpers import build_target_dir
+
+    fixture = str(build_target_dir(tmp_path / "fixture"))
+    draft_dir = str(tmp_path / "draft")
+    small = load_target(fixture)
+    save_draft(init_draft(DraftConfig.from_target(small.config), jax.random.PRNGKey(0)), draft_dir, target=small)
+    target, drafts, target_dir = spec_inputs.load_target_and_drafts(fixture, {"ours": draft_dir}, None, "unused")
+    assert target_dir == fixture and target.dtype == jnp.bfloat16 and set(drafts) == {"ours"}
+    assert drafts["ours"].config.hidden_size == target.config.hidden_size
+
+    script = tmp_path / "copy.py"
+    script.write_text("import shutil, sys\n"
+                      "src, dst = (sys.argv[2], sys.argv[4]) if sys.argv[1] == '--draft' else sys.argv[1:3]\n"
+                      "shutil.copytree(src, dst, dirs_exist_ok=True)\n")
+    work = tmp_path / "work"
+    target, drafts, target_dir = spec_inputs.load_target_and_drafts(fixture, {"ours": draft_dir}, str(script),
+                                                                    str(work))
+    assert target_dir == str(work / "target") and (work / "draft_ours" / "config.json").is_file()
+    assert target.dtype == jnp.bfloat16 and set(drafts) == {"ours"}
+
+
 @pytest.mark.slow  # ~20 s: an HF model beside ours; a benchmark option, so it leaves the default suite its margin
 def test_rope_parameters_copies_target_and_drafts(tmp_path):
     """``with_rope_parameters``: linked copies whose config.json carries the new RoPE parameters; our loader and

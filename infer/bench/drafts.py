@@ -21,13 +21,12 @@ import datetime
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from infer.bench.floors import nbytes
 from infer.bench.harness import log, md_header, md_row, time_runs, write_report
 from infer.bench.near_tie import float32_reference, lossless_cell, partings
-from infer.bench.spec_inputs import pad_pair
+from infer.bench.spec_inputs import load_target_and_drafts
 from infer.decoding import Progress, StopCriteria, prefill_and_first_token
 from infer.generate import pad_prompts, plan_speculative
 from infer.main import tree_shape_arg
@@ -143,8 +142,6 @@ def summarize(plain_runs: list[dict], spec_runs: list[dict] | None = None) -> di
 
 
 def run(args) -> dict:
-    from longspec_jax import load_draft, load_target
-
     results = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
                "jax": jax.__version__, "tree_shape": list(args.tree), "new_tokens": args.new_tokens, "rows": []}
     if args.smoke:
@@ -155,11 +152,7 @@ def run(args) -> dict:
         docs = [rng.integers(0, target.config.vocab_size, 300).tolist() for _ in range(3)]
         impl = "xla"
     else:
-        target_dir, draft_dirs = args.target, dict(args.drafts)
-        if args.pad_script:
-            target_dir, draft_dirs = pad_pair(args.target, draft_dirs, args.pad_script, args.work)
-        target = load_target(target_dir, dtype=jnp.bfloat16)
-        drafts = {name: load_draft(path, target) for name, path in draft_dirs.items()}
+        target, drafts, _ = load_target_and_drafts(args.target, dict(args.drafts), args.pad_script, args.work)
         with open(args.prompts) as f:
             texts = [json.loads(line)["text"] for line in f if line.strip()]
         docs = [target.tokenizer(t)["input_ids"] for t in texts]

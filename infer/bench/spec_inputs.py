@@ -35,6 +35,17 @@ def pad_pair(fixture: str, drafts: dict[str, str], pad_script: str, work: str) -
     return big, padded
 
 
+def load_target_and_drafts(target: str, drafts: dict[str, str], pad_script: str | None, work: str):
+    """(target in bf16, its drafts by name, the directory of the target that runs): padded by ``pad_script`` to
+    8B-like cost first when it is given (:func:`pad_pair`)."""
+    from longspec_jax import load_draft, load_target
+
+    if pad_script:
+        target, drafts = pad_pair(target, drafts, pad_script, work)
+    loaded = load_target(target, dtype=jnp.bfloat16)
+    return loaded, {name: load_draft(path, loaded) for name, path in drafts.items()}, target
+
+
 def with_rope_parameters(target: str, drafts: dict[str, str], rope: dict, work: str) -> tuple[str, dict[str, str]]:
     """Copies of the target and each draft directory (in ``work``; files other than ``config.json`` linked) whose
     ``config.json`` has ``rope`` merged into its RoPE parameters: e.g. llama3-style scaling, to run a target past

@@ -52,7 +52,7 @@ from tqdm.auto import tqdm
 from infer.bench.drafts import repeat_4gram_share
 from infer.bench.harness import arg_parser, log, median_call, record_failure, write_report
 from infer.bench.near_tie import float32_reference, partings
-from infer.bench.spec_inputs import pad_pair, with_rope_parameters
+from infer.bench.spec_inputs import load_target_and_drafts, with_rope_parameters
 from infer.bench.task_data import (Sample, bucket_bounds, bucket_name, load_longbench, load_reasoning,
                                    repo_completion, select)
 from infer.bench.task_hf import leave_gpu_memory_to_torch
@@ -169,20 +169,13 @@ def smoke_inputs():
 def load_inputs(args):
     """The target, drafts and samples of a real run, and the directories of the target's function in float32
     (the small fixture) and of the target that runs (padded or not)."""
-    from jax import numpy as jnp
-
-    from longspec_jax import load_draft, load_target
     small_dir, draft_dirs, work = args.target, dict(args.drafts), args.work
     if args.rope_parameters:
         tag = hashlib.sha1(json.dumps(args.rope_parameters, sort_keys=True).encode()).hexdigest()[:8]
         work = os.path.join(args.work, f"rope_{tag}")
         small_dir, draft_dirs = with_rope_parameters(small_dir, draft_dirs, args.rope_parameters,
                                                      os.path.join(work, "small"))
-    target_dir = small_dir
-    if args.pad_script:
-        target_dir, draft_dirs = pad_pair(small_dir, draft_dirs, args.pad_script, work)
-    target = load_target(target_dir, dtype=jnp.bfloat16)
-    drafts = {name: load_draft(path, target) for name, path in draft_dirs.items()}
+    target, drafts, target_dir = load_target_and_drafts(small_dir, draft_dirs, args.pad_script, work)
     return target, drafts, gather_samples(args, target.tokenizer), small_dir, target_dir
 
 
