@@ -16,7 +16,7 @@ import numpy as np
 from infer.decoding import DecodeSettings, StopCriteria
 from infer.lookup import LookupSettings, PromptLookup, lookup_generate
 from infer.plain import plain_generate
-from infer.speculative import SpecSettings, speculative_generate
+from infer.speculative import SpecSettings, speculative_generate, speculative_sampling_acceptance
 from longspec_jax.attention import resolve_impl
 from longspec_jax.draft import Draft
 from longspec_jax.mesh import DATA
@@ -168,7 +168,7 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
              top_p: float = 1.0, tree_shape: tuple[int, ...] = (4, 16, 16, 16, 16), eos_token_id=None,
              seed: int = 0, *, max_context: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
              attention: str = "auto", on_tokens=None, reproducible: bool = True,
-             pad_prompts_to: int | None = None) -> GenerateOutput:
+             pad_prompts_to: int | None = None, draft_sampling: bool = False) -> GenerateOutput:
     """Generates up to ``max_new_tokens`` per prompt; speculative when a ``draft`` is given: a LongSpec
     :class:`~longspec_jax.draft.Draft` (tree of ``tree_shape``) or :class:`infer.lookup.PromptLookup` (n-gram
     chains from prompt + output; ``tree_shape`` unused).
@@ -185,6 +185,11 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
     prompts of different lengths up to it share one compiled program (prefill then also runs over the padding).
     ``reproducible``: compile with :data:`REPRODUCIBLE_OPTIONS`, so that every process gives the same tokens on
     the same GPU model and software stack; ``False`` lets XLA autotune kernels by timing them.
+    ``draft_sampling`` (T > 0, a chain ``tree_shape`` such as ``(1, 1, 1, 1)``): the draft samples its chain
+    from its own tempered distribution q and the target accepts each token with probability min(1, p / q),
+    drawing from the residual at the first rejection (speculative sampling): as exact as the default (a
+    deterministic chain, accepted where the target's own draw matches), and more tokens per round where the
+    draft's distribution is close to the target's.
     A target with a ``mesh`` (``load_target(path, mesh=...)``) decodes sharded over it, the draft placed the
     same way; the batch must split over the mesh's ``data`` axis.
     """
@@ -220,7 +225,7 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
         out = run_lookup(settings, target, prompts, max_new_tokens, stop, seed, reproducible)
     elif draft is not None:
         settings = plan_speculative(target, draft, longest, max_new_tokens, sampling, tree_shape, prefill_chunk,
-                                    resolve_impl(attention))
+                                    resolve_impl(attention), draft_sampling)
         out = run_speculative(settings, target, draft, prompts, max_new_tokens, stop, seed, reproducible)
     if draft is not None:
         if on_tokens is not None:
@@ -263,7 +268,7 @@ def to_output(progress, max_new_tokens: int) -> GenerateOutput:
 
 
 def plan_speculative(target, draft: Draft, longest_prompt: int, max_new_tokens: int, sampling, tree_shape,
-                     prefill_chunk: int, impl: str) -> SpecSettings:
+                     prefill_chunk: int, impl: str, draft_sampling: bool = False) -> SpecSettings:
     """Checks that the draft fits the target and plans the static shapes of one speculative generate call."""
     if not isinstance(draft, Draft):
         raise ValueError(f"draft must be a longspec_jax Draft (see load_draft) or an infer.PromptLookup, "
@@ -280,7 +285,15 @@ def plan_speculative(target, draft: Draft, longest_prompt: int, max_new_tokens: 
                                                    spec.num_nodes + spec.max_accept, prefill_chunk)
     base = DecodeSettings(config=config, sampling=sampling, capacity=capacity, prefill_chunk=chunk,
                           out_len=out_len, prompt_len=padded, impl=impl)
-    return SpecSettings(base=base, tree=spec, draft=draft.settings(impl))
+    settings = SpecSettings(base=base, tree=spec, draft=draft.settings(impl))
+    if not draft_sampling:
+        return settings
+    if sampling.greedy:
+        raise ValueError("draft_sampling needs temperature > 0 (greedy decoding verifies the draft's argmax chain)")
+    if set(spec.shape) != {1}:
+        raise ValueError(f"draft_sampling needs a chain tree_shape (every width 1), got {spec.shape}")
+    return dataclasses.replace(settings, acceptance=speculative_sampling_acceptance,
+                               draft_temperature=sampling.temperature)
 
 
 def run_speculative(settings: SpecSettings, target, draft: Draft, prompts, max_new_tokens: int, stop,

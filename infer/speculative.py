@@ -19,7 +19,7 @@ from flax import struct
 from infer.decoding import DecodeSettings, Progress, StopCriteria, prefill_and_first_token
 from longspec_jax.draft import DraftSettings, DraftWeights, draft_prefill, draft_root
 from longspec_jax.kv_cache import KVCache, RingCache, TreeKV, commit
-from longspec_jax.sampling import select_tokens
+from longspec_jax.sampling import sampling_log_probs, select_tokens
 from longspec_jax.target import forward_tree, lm_head_logits
 from longspec_jax.tree import Acceptance, Tree, TreeSpec, accept, build_tree
 
@@ -31,14 +31,44 @@ def exact_acceptance(tree: Tree, target_logits_BxNxV, key, settings: "SpecSettin
     return accept(tree.tokens, tree.parents, tree.mask, choices_BxN, settings.tree)
 
 
+def speculative_sampling_acceptance(tree: Tree, target_logits_BxNxV, key, settings: "SpecSettings") -> Acceptance:
+    """Speculative sampling along a sampled chain (Leviathan et al. 2023; Chen et al. 2023): chain node k + 1 was
+    drawn from the draft's q_k = softmax(draft_logp_k / T_draft); it is accepted with probability
+    min(1, p_k / q_k), where p_k is the target's sampling distribution after node k; the first rejected node
+    emits a draw from the residual max(p_k - q_k, 0), renormalised, and a fully accepted chain a draw from p at
+    its end. Every emitted token is then an exact draw from p given its prefix."""
+    B, N, V = target_logits_BxNxV.shape
+    logp_BxNxV = sampling_log_probs(target_logits_BxNxV, settings.base.sampling)
+    logq_BxDxV = jax.nn.log_softmax(tree.draft_logp[:, :-1] / settings.draft_temperature, axis=-1)
+    drafted_BxD = tree.tokens[:, 1:]
+    lp_BxD = jnp.take_along_axis(logp_BxNxV[:, :-1], drafted_BxD[..., None], axis=-1)[..., 0]
+    lq_BxD = jnp.take_along_axis(logq_BxDxV, drafted_BxD[..., None], axis=-1)[..., 0]
+    k_accept, k_residual = jax.random.split(key)
+    ok_BxD = jax.random.uniform(k_accept, lp_BxD.shape) < jnp.exp(lp_BxD - lq_BxD)
+    accepted_B = jnp.sum(jnp.cumprod(ok_BxD, axis=1), axis=1).astype(jnp.int32)
+    q_BxNxV = jnp.pad(jnp.exp(logq_BxDxV), ((0, 0), (0, 1), (0, 0)))  # no draft after the last node: p itself
+    residual = jnp.maximum(jnp.exp(logp_BxNxV) - q_BxNxV, 0.0)
+    log_residual = jnp.where(jnp.sum(residual, -1, keepdims=True) > 0, jnp.log(residual), logp_BxNxV)
+    bonus_B = jnp.take_along_axis(jax.random.categorical(k_residual, log_residual, axis=-1), accepted_B[:, None],
+                                  axis=1)[:, 0].astype(jnp.int32)
+    steps_A = jnp.arange(settings.tree.max_accept)
+    path_BxA = jnp.minimum(steps_A[None], accepted_B[:, None]).astype(jnp.int32)
+    next_BxA = jnp.take_along_axis(tree.tokens, jnp.minimum(path_BxA + 1, N - 1), axis=1)
+    tokens_BxA = jnp.where(steps_A[None] < accepted_B[:, None], next_BxA, bonus_B[:, None])
+    return Acceptance(path_BxA=path_BxA, count_B=accepted_B + 1, tokens_BxA=tokens_BxA)
+
+
 @dataclasses.dataclass(frozen=True)
 class SpecSettings:
-    """Everything static about one compiled speculative generate call (a jit cache key)."""
+    """Everything static about one compiled speculative generate call (a jit cache key). ``draft_temperature``
+    > 0: the draft samples its chain at that temperature (:func:`longspec_jax.tree.proposal_log_probs`), which
+    the acceptance must know (:func:`speculative_sampling_acceptance`); 0: deterministic top-k beams."""
 
     base: DecodeSettings
     tree: TreeSpec
     draft: DraftSettings
     acceptance: Callable = exact_acceptance  # (tree, target_logits, key, settings) -> Acceptance
+    draft_temperature: float = 0.0
 
 
 @struct.dataclass
@@ -81,11 +111,15 @@ def tally_accepted(accept_counts_BxA: jax.Array, count_B: jax.Array, active_B: j
 def spec_round(settings: SpecSettings, target_params, weights: DraftWeights, stop: StopCriteria,
                state: SpecState) -> SpecState:
     key, verify_key = jax.random.split(state.key)
+    sample = None
+    if settings.draft_temperature > 0:
+        verify_key, draft_key = jax.random.split(verify_key)
+        sample = (draft_key, settings.draft_temperature)
     logp_root_BxV, ring = draft_root(settings.draft, weights, target_params, state.cache, state.ring,
                                      state.pending, state.num_pending)
     root_B = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)[:, 0]
     tree = build_tree(settings.tree, settings.draft, weights, target_params, state.cache, ring, root_B,
-                      logp_root_BxV)
+                      logp_root_BxV, sample)
     active_B = ~state.progress.done
     accepted, cache = verify_and_commit(settings, target_params, state.cache, tree, verify_key, active_B,
                                         settings.acceptance)

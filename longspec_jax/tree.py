@@ -129,8 +129,19 @@ def _add_level(spec: TreeSpec, builder: TreeBuilder, level: int, parents_local_B
     return builder.replace(tree=tree, scores=builder.scores.at[:, nodes].set(scores_BxW))
 
 
-def start_tree(spec: TreeSpec, ds: DraftSettings, root_B, logp_root_BxV) -> TreeBuilder:
-    """The root and level 1: the draft's top-c1 tokens after the root."""
+def proposal_log_probs(logp_BxPxV: jax.Array, sample, level: int) -> jax.Array:
+    """What beam search ranks a level's children by: the draft's log-probs, or with ``sample = (key, T)`` their
+    tempered, Gumbel-perturbed version, whose top-1 per parent is a draw from softmax(logp / T) (Gumbel-max)."""
+    if sample is None:
+        return logp_BxPxV
+    key, temperature = sample
+    noise = jax.random.gumbel(jax.random.fold_in(key, level), logp_BxPxV.shape, jnp.float32)
+    return logp_BxPxV / temperature + noise
+
+
+def start_tree(spec: TreeSpec, ds: DraftSettings, root_B, logp_root_BxV, sample=None) -> TreeBuilder:
+    """The root and level 1: the draft's top-c1 tokens after the root (``sample``: see
+    :func:`proposal_log_probs`)."""
     c = ds.config
     B, N = root_B.shape[0], spec.num_nodes
     tree = Tree(tokens=jnp.zeros((B, N), jnp.int32).at[:, 0].set(root_B), parents=jnp.zeros((B, N), jnp.int32),
@@ -139,14 +150,16 @@ def start_tree(spec: TreeSpec, ds: DraftSettings, root_B, logp_root_BxV) -> Tree
     tree_k = jnp.zeros((B, N - 1, c.num_kv_heads, c.head_dim), ds.dtype)
     builder = TreeBuilder(tree=tree, scores=jnp.zeros((B, N), jnp.float32), tree_k=tree_k,
                           tree_v=jnp.zeros_like(tree_k))
-    first = expand_level(jnp.zeros((B, 1), jnp.float32), logp_root_BxV[:, None], spec.shape[0])
+    first = expand_level(jnp.zeros((B, 1), jnp.float32), proposal_log_probs(logp_root_BxV[:, None], sample, 0),
+                         spec.shape[0])
     return _add_level(spec, builder, 1, *first, parent_start=0)
 
 
 def grow_tree(spec: TreeSpec, ds: DraftSettings, weights: DraftWeights, target_params, cache: KVCache,
-              ring: RingCache, builder: TreeBuilder, level: int) -> TreeBuilder:
+              ring: RingCache, builder: TreeBuilder, level: int, sample=None) -> TreeBuilder:
     """Runs the draft on tree level ``level`` (all its nodes at once) and adds level ``level + 1``: the global
-    top-c of (cumulative log-prob + child log-prob) over all children of the level."""
+    top-c of (cumulative log-prob + child log-prob) over all children of the level (``sample``: see
+    :func:`proposal_log_probs`)."""
     nodes = spec.level(level)
     tokens_BxW = builder.tree.tokens[:, nodes]
     positions_BxW = jnp.broadcast_to(cache.lengths[:, None] + level, tokens_BxW.shape)
@@ -157,16 +170,18 @@ def grow_tree(spec: TreeSpec, ds: DraftSettings, weights: DraftWeights, target_p
                                  builder.tree_v, builder.tree.mask[:, nodes, 1:])
     builder = builder.replace(tree=builder.tree.replace(
         draft_logp=builder.tree.draft_logp.at[:, nodes].set(logp_BxWxV)))
-    children = expand_level(builder.scores[:, nodes], logp_BxWxV, spec.shape[level])
+    children = expand_level(builder.scores[:, nodes], proposal_log_probs(logp_BxWxV, sample, level),
+                            spec.shape[level])
     return _add_level(spec, builder, level + 1, *children, parent_start=nodes.start)
 
 
 def build_tree(spec: TreeSpec, ds: DraftSettings, weights: DraftWeights, target_params, cache: KVCache,
-               ring: RingCache, root_B, logp_root_BxV) -> Tree:
-    """Dynamic beam search over ``spec.shape``; the draft runs once per level 1..depth-1."""
-    builder = start_tree(spec, ds, root_B, logp_root_BxV)
+               ring: RingCache, root_B, logp_root_BxV, sample=None) -> Tree:
+    """Dynamic beam search over ``spec.shape``; the draft runs once per level 1..depth-1. With ``sample = (key,
+    T)`` a chain's tokens are draws from the draft's softmax(logp / T) (:func:`proposal_log_probs`)."""
+    builder = start_tree(spec, ds, root_B, logp_root_BxV, sample)
     for level in range(1, spec.depth):
-        builder = grow_tree(spec, ds, weights, target_params, cache, ring, builder, level)
+        builder = grow_tree(spec, ds, weights, target_params, cache, ring, builder, level, sample)
     return builder.tree
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from infer import generate
 from infer.bench.task_report import best_tree_shapes, markdown, plot, summarize_runs
-from infer.bench.tasks import main, parse_methods, probe_tokens
+from infer.bench.tasks import main, methods_at, parse_methods, probe_tokens
 from longspec_jax import load_target
 from tests.train_helpers import build_target_dir
 
@@ -28,6 +28,8 @@ def test_methods_expand_drafts_and_shapes():
     assert methods[-1].hf_lookup == 10 and methods[-2].hf_lookup == 0 and methods[6].lookup.num_tokens == 10
     with pytest.raises(ValueError, match="start with plain"):
         parse_methods(["tree", "plain"], ["a"], [(2,)], (1,), 4)
+    sampled = parse_methods(["plain", "schain"], ["ours"], [(2,)], (1, 1), 4)[1]
+    assert (sampled.name, sampled.tree, sampled.draft_sampling) == ("schain[ours]2", (1, 1), True)
     with pytest.raises(ValueError, match="unknown method 'medusa'"):
         parse_methods(["plain", "medusa"], [], [], (1,), 4)
 
@@ -235,3 +237,41 @@ def test_list_arguments_are_checked(capsys, argv, message):
     with pytest.raises(SystemExit):
         main(["--out", "unused", "--target", "t", "--repo-docs", "r.jsonl"] + argv)
     assert message in capsys.readouterr().err
+
+
+def test_methods_at_batch_and_temperature():
+    """HF's prompt lookup runs at batch 1 only, sampled chains at T > 0 only."""
+    methods = parse_methods(["plain", "chain", "schain", "hf_pld"], ["ours"], [(2,)], (1, 1), 4)
+    names = lambda batch, t: [m.name for m in methods_at(methods, batch, t)]
+    assert names(1, 0.0) == ["plain", "chain[ours]2", "hf_pld"]
+    assert names(1, 1.0) == ["plain", "chain[ours]2", "schain[ours]2", "hf_pld"]
+    assert names(2, 1.0) == ["plain", "chain[ours]2", "schain[ours]2"]
+
+
+def test_runner_asks_generate_for_a_sampled_chain(monkeypatch):
+    """A sampled-chain method reaches generate() as draft_sampling=True with its chain; other methods leave the
+    option out (generate's default)."""
+    import argparse
+
+    from infer.bench import tasks
+    from infer.bench.task_data import Sample
+    from infer.generate import GenerateOutput
+
+    calls = []
+
+    def fake_generate(target, prompts, max_new_tokens, **kwargs):
+        calls.append(kwargs)
+        shape = (len(prompts), max_new_tokens)
+        return GenerateOutput(tokens=np.zeros(shape, np.int32), num_generated=np.full(len(prompts), max_new_tokens),
+                              num_rounds=np.full(len(prompts), max_new_tokens), mean_accepted=1.0)
+
+    monkeypatch.setattr(tasks, "generate", fake_generate)
+    args = argparse.Namespace(new_tokens=8, reps=1, ignore_eos=True, seed=0)
+    runner = tasks.Runner(target=None, drafts={"ours": "draft"}, hf=None, args=args)
+    sample = Sample("synthetic", "0", "", [], [1, 2, 3])
+    schain, chain = parse_methods(["plain", "schain", "chain"], ["ours"], [(2,)], (1, 1), 4)[1:]
+    runner(schain, [sample], 1.0, 16)
+    assert calls and all(c["draft_sampling"] is True and c["tree_shape"] == (1, 1) for c in calls)
+    calls.clear()
+    runner(chain, [sample], 1.0, 16)
+    assert calls and all("draft_sampling" not in c for c in calls)

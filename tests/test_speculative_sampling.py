@@ -28,7 +28,7 @@ import pytest
 from infer import generate
 from infer.decoding import StopCriteria
 from infer.generate import plan_speculative, run_speculative
-from infer.speculative import exact_acceptance
+from infer.speculative import speculative_sampling_acceptance
 from longspec_jax.config import TargetConfig
 from longspec_jax.draft import Draft, DraftConfig, init_draft
 from longspec_jax.sampling import SamplingConfig, sampling_log_probs, select_tokens
@@ -55,6 +55,7 @@ class Case:
     temperature: float
     top_p: float             # no reachable prefix has a nucleus cut within float32 rounding of it (asserted)
     min_full_rounds: float   # least share of rounds that accept a full root-to-leaf path plus the bonus token
+    draft_sampling: bool = False  # a sampled chain verified by speculative sampling (generate(draft_sampling=))
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -64,6 +65,7 @@ class Case:
 TREE = Case(tree=(3, 4, 4), temperature=1.0, top_p=0.925, min_full_rounds=0.1)
 TREE_SHARP = Case(tree=(3, 4, 4), temperature=0.7, top_p=0.9, min_full_rounds=0.1)
 CHAIN = Case(tree=(1, 1, 1), temperature=0.7, top_p=0.9, min_full_rounds=0.03)
+SAMPLED_CHAIN = Case(tree=(1, 1, 1), temperature=1.0, top_p=0.925, min_full_rounds=0.03, draft_sampling=True)
 
 
 def _target() -> Target:
@@ -138,13 +140,14 @@ def _rows() -> list[list[int]]:
     return [PROMPTS[b % len(PROMPTS)] for b in range(SAMPLES)]
 
 
-def _speculative(case: Case, acceptance=exact_acceptance, seed: int = 0):
-    """One speculative generate call over ``SAMPLES`` rows with the given acceptance rule."""
+def _speculative(case: Case, acceptance=None, seed: int = 0):
+    """One speculative generate call over ``SAMPLES`` rows with the given acceptance rule (default: the case's
+    own)."""
     target, draft = _models()
     settings = plan_speculative(target, draft, max(map(len, PROMPTS)), MAX_NEW, case.sampling, case.tree, 512,
-                                "xla")
+                                "xla", case.draft_sampling)
     assert settings.base.prompt_len + settings.base.out_len + settings.tree.num_nodes <= CAPACITY
-    settings = dataclasses.replace(settings, acceptance=acceptance,
+    settings = dataclasses.replace(settings, acceptance=acceptance or settings.acceptance,
                                    base=dataclasses.replace(settings.base, capacity=CAPACITY))
     return run_speculative(settings, target, draft, _rows(), MAX_NEW, StopCriteria.make(MAX_NEW, [EOS]), seed)
 
@@ -200,7 +203,18 @@ def reference_pq_acceptance(tree, target_logits_BxNxV, key, settings):
     return dataclasses.replace(walk, tokens_BxA=tokens)
 
 
+def residual_skipped_acceptance(tree, target_logits_BxNxV, key, settings):
+    """Mutant of :func:`infer.speculative.speculative_sampling_acceptance`: at a rejection it draws from p
+    itself instead of the residual max(p - q, 0), which over-weights the rejected draft token."""
+    exact = speculative_sampling_acceptance(tree, target_logits_BxNxV, key, settings)
+    from_p_BxN = select_tokens(target_logits_BxNxV, jax.random.fold_in(key, 1), settings.base.sampling)
+    from_p_B = jnp.take_along_axis(from_p_BxN, exact.path_BxA[:, -1:], axis=1)  # the node the round ends at
+    last_BxA = jnp.arange(exact.tokens_BxA.shape[1])[None] == (exact.count_B - 1)[:, None]
+    return dataclasses.replace(exact, tokens_BxA=jnp.where(last_BxA, from_p_B, exact.tokens_BxA))
+
+
 CASES = [pytest.param(TREE, id="tree-T1-top_p0.925"),
+         pytest.param(SAMPLED_CHAIN, id="sampled-chain-T1-top_p0.925"),
          pytest.param(TREE_SHARP, id="tree-T0.7-top_p0.9", marks=pytest.mark.slow),
          pytest.param(CHAIN, id="chain-T0.7-top_p0.9", marks=pytest.mark.slow)]
 
@@ -236,11 +250,49 @@ def test_plain_sampling_matches_exact_output_distribution():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mutant", [argmax_leak_acceptance, reference_pq_acceptance],
-                         ids=["argmax-2%", "reference-pq"])
-def test_mutant_acceptance_fails(mutant):
-    """The default case's test fails a slightly (2% argmax) or structurally (p/q) biased rule. Over seeds 0-4
-    (2026-11-30): the argmax mutant's rank-residual p-value 7e-8 .. 7e-18 (its chi-square 0.02 .. 0.9: too
-    thin a signal for it), the p/q rule's both 0.0 (underflow)."""
-    pvalues = _pvalues(_outputs_by_prompt(_speculative(TREE, mutant)), _exact(TREE))
+@pytest.mark.parametrize("case, mutant", [(TREE, argmax_leak_acceptance), (TREE, reference_pq_acceptance),
+                                          (SAMPLED_CHAIN, residual_skipped_acceptance)],
+                         ids=["argmax-2%", "reference-pq", "sampled-chain-residual-skipped"])
+def test_mutant_acceptance_fails(case, mutant):
+    """The test fails a slightly (2% argmax) or structurally (p/q) biased rule on the default tree, and a sampled
+    chain that draws from p instead of the residual at a rejection. Over seeds 0-4 (2026-11-30): the argmax
+    mutant's rank-residual p-value 7e-8 .. 7e-18 (its chi-square 0.02 .. 0.9: too thin a signal for it), the
+    p/q rule's both 0.0 (underflow)."""
+    pvalues = _pvalues(_outputs_by_prompt(_speculative(case, mutant)), _exact(case))
     assert min(pvalues.values()) < ALPHA, pvalues
+
+
+def test_speculative_sampling_acceptance_by_hand():
+    """Row 0: the draft's q equals the target's p, so min(1, p/q) = 1 accepts the whole chain and the bonus comes
+    from p after its last node. Row 1: the first drafted token has p = 0, so it is rejected and the emitted token
+    comes from the residual max(p - q, 0), which is zero wherever q >= p."""
+    from infer.speculative import SpecSettings
+    from longspec_jax.tree import Tree, TreeSpec
+
+    logits_NxV = jnp.log(jnp.asarray([[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25], [0.0, 0.0, 0.0, 1.0]]))
+    logits_BxNxV = jnp.stack([logits_NxV, logits_NxV.at[0, 2].set(-jnp.inf)])
+    draft_logp_BxNxV = jnp.stack([logits_NxV, jnp.log(jnp.asarray([[0.2, 0.0, 0.2, 0.6]] * 3))])
+    tree = Tree(tokens=jnp.asarray([[0, 2, 1], [0, 2, 1]]), parents=jnp.asarray([[0, 0, 1]] * 2),
+                mask=jnp.broadcast_to(jnp.tril(jnp.ones((3, 3), bool)), (2, 3, 3)), draft_logp=draft_logp_BxNxV)
+    settings = SpecSettings(base=_base_settings(SamplingConfig(temperature=1.0)), tree=TreeSpec((1, 1)),
+                            draft=None, draft_temperature=1.0)
+    for seed in range(20):
+        out = speculative_sampling_acceptance(tree, logits_BxNxV, jax.random.PRNGKey(seed), settings)
+        assert out.count_B.tolist() == [3, 1]
+        assert out.tokens_BxA[0].tolist() == [2, 1, 3] and out.path_BxA[0].tolist() == [0, 1, 2]
+        # row 1 after the root: p = (0.1, 0.2, 0, 0.4) / 0.7 against q = (0.2, 0, 0.2, 0.6): residual on token 1
+        assert int(out.tokens_BxA[1, 0]) == 1 and out.path_BxA[1].tolist() == [0, 0, 0]
+
+
+def _base_settings(sampling):
+    target, draft = _models()
+    return plan_speculative(target, draft, 4, 2, sampling, (1, 1), 512, "xla").base
+
+
+@pytest.mark.parametrize("temperature, shape, words", [(0.0, (1, 1), "draft_sampling needs temperature > 0"),
+                                                       (1.0, (1, 2), r"needs a chain tree_shape .* got \(1, 2\)")])
+def test_draft_sampling_needs_a_chain_and_a_temperature(temperature, shape, words):
+    target, draft = _models()
+    with pytest.raises(ValueError, match=words):
+        generate(target, [PROMPTS[0]], draft=draft, max_new_tokens=2, temperature=temperature, tree_shape=shape,
+                 draft_sampling=True)

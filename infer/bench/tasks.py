@@ -13,7 +13,8 @@ counts the rows (one per task, bucket, temperature, batch size and method).
 
 Methods (``--methods``; plain first, the baseline of every speedup): ``plain``; ``tree`` (the first draft of
 ``--drafts`` with each shape of ``--tree-shapes``, the sweep; every other draft with the first shape); ``chain``
-(each draft, ``--chain``); ``pld`` (prompt lookup on our verify path, ``--pld-tokens``); ``hf`` and ``hf_pld``
+(each draft, ``--chain``); ``schain`` (T > 0 only: each draft's chain drafted by sampling and verified by
+speculative sampling, ``generate(draft_sampling=True)``); ``pld`` (prompt lookup on our verify path, ``--pld-tokens``); ``hf`` and ``hf_pld``
 (Hugging Face ``generate`` in PyTorch on the target's directory, plain at every batch size (left-padded) and with
 ``prompt_lookup_num_tokens`` at batch 1, the only one transformers runs it at). Decode tokens/s exclude prefill:
 they are timed between a probe call and the full call (our methods: the probe generates just over half the tokens,
@@ -69,6 +70,7 @@ class Method:
     tree: tuple[int, ...] | None = None
     lookup: PromptLookup | None = None
     hf_lookup: int | None = None        # HF methods: prompt_lookup_num_tokens (0: plain)
+    draft_sampling: bool = False        # generate(draft_sampling=True): a sampled chain, T > 0 only
 
 
 def parse_methods(names: list[str], drafts: list[str], shapes: list[tuple], chain: tuple, pld_tokens: int):
@@ -83,12 +85,14 @@ def parse_methods(names: list[str], drafts: list[str], shapes: list[tuple], chai
                         for i, d in enumerate(drafts) for s in (shapes if i == 0 else shapes[:1])]
         elif name == "chain":
             methods += [Method(f"chain[{d}]{len(chain)}", draft=d, tree=chain) for d in drafts]
+        elif name == "schain":
+            methods += [Method(f"schain[{d}]{len(chain)}", draft=d, tree=chain, draft_sampling=True) for d in drafts]
         elif name == "pld":
             methods.append(Method(f"pld{pld_tokens}", lookup=PromptLookup(num_tokens=pld_tokens)))
         elif name in ("hf", "hf_pld"):
             methods.append(Method(name, hf_lookup=pld_tokens if name == "hf_pld" else 0))
         else:
-            raise ValueError(f"unknown method {name!r}; choose from plain, tree, chain, pld, hf, hf_pld")
+            raise ValueError(f"unknown method {name!r}; choose from plain, tree, chain, schain, pld, hf, hf_pld")
     return methods
 
 
@@ -124,7 +128,8 @@ class Runner:
         key = (method, len(batch), temperature, pad_to)
         draft = self.drafts[method.draft] if method.draft else method.lookup
         kwargs = dict(draft=draft, temperature=temperature, eos_token_id=eos, seed=a.seed, pad_prompts_to=pad_to,
-                      **({"tree_shape": method.tree} if method.tree else {}))
+                      **({"tree_shape": method.tree} if method.tree else {}),
+                      **({"draft_sampling": True} if method.draft_sampling else {}))
         prompts = [s.tokens for s in batch]
         if key not in self.peak_bytes:  # compile (untimed) and record the programs' memory
             with recording_program_memory() as peaks:
@@ -184,9 +189,10 @@ def batches_of(group: list[Sample], size: int) -> list[list[Sample]]:
     return [group[i:i + size] for i in range(0, len(group) - size + 1, size)]
 
 
-def methods_at(methods: list[Method], batch_size: int) -> list[Method]:
-    """The methods that run at a batch size: HF's prompt lookup runs at batch 1 only."""
-    return [m for m in methods if not (m.hf_lookup and batch_size > 1)]
+def methods_at(methods: list[Method], batch_size: int, temperature: float) -> list[Method]:
+    """The methods that run at a batch size and temperature: HF's prompt lookup at batch 1 only, sampled chains
+    at T > 0 only (greedy, they are the chain)."""
+    return [m for m in methods if not (m.hf_lookup and batch_size > 1) and not (m.draft_sampling and temperature == 0)]
 
 
 def group_rows(runner: Runner, methods: list[Method], batches: list[list[Sample]], pad_to: int, reference32,
@@ -246,7 +252,7 @@ def run(args) -> dict:
                    jax=jax.__version__, new_tokens=args.new_tokens, methods=[m.name for m in methods],
                    samples={f"{t}/{b}": len(g) for (t, b), g in groups.items()}, rows=[])
     plan = [(dict(task=task, bucket=bucket, temperature=temperature, batch=batch_size), batches_of(group, batch_size),
-             methods_at(methods, batch_size))
+             methods_at(methods, batch_size, temperature))
             for temperature in args.temperatures for batch_size in args.batch_sizes
             for (task, bucket), group in groups.items()]
     plan = [group for group in plan if group[1]]
