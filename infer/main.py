@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft", metavar="DIR", help="LongSpec draft (speculative decoding)")
     parser.add_argument("--tree-shape", type=tree_shape_arg, default=(4, 16, 16, 16, 16), metavar="C0,C1,...",
                         help="speculative tree: beams per level (with --draft)")
+    parser.add_argument("--draft-sampling", action="store_true",
+                        help="with --draft, --temperature > 0 and a chain --tree-shape (1,1,1,1): the draft samples "
+                             "its chain, verified by speculative sampling (as exact; more tokens per round)")
     parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     parser.add_argument("--repeat", type=_non_negative_int, default=0, metavar="N",
                         help="after the first (compiling) call, time N more calls without printing")
@@ -196,7 +199,8 @@ def main(argv=None) -> int:
         print(f"[infer.main] target: {where} ({args.dtype}); prompt: {len(ids)} tokens", file=sys.stderr)
         kwargs = dict(draft=draft, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                       top_p=args.top_p, seed=args.seed, tree_shape=args.tree_shape,
-                      eos_token_id=[] if args.ignore_eos else None)
+                      eos_token_id=[] if args.ignore_eos else None,
+                      **({"draft_sampling": True} if args.draft_sampling else {}))
         streamer = TextStreamer(tokenizer.decode)
         sys.stdout.write(prompt)
         sys.stdout.flush()

@@ -134,6 +134,12 @@ def test_draft_gives_the_same_text_as_plain_decoding(capsys, tmp_path):
     code, spec, err = run_cli(capsys, *argv, "--draft", str(tmp_path / "draft"), "--tree-shape", "2,2,2")
     assert code == 0, err
     assert spec == plain and "mean accepted (tau)" in err
+    # a sampled chain: the flag reaches generate(), which checks the temperature and runs it at T > 0
+    sampled = ["--draft", str(tmp_path / "draft"), "--tree-shape", "1,1,1", "--draft-sampling"]
+    code, _, err = run_cli(capsys, *argv, *sampled)
+    assert code == 2 and "draft_sampling needs temperature > 0" in err
+    code, _, err = run_cli(capsys, *argv, *sampled, "--temperature", "1")
+    assert code == 0 and "mean accepted (tau)" in err, err
 
 
 def test_module_entry_point():
