@@ -54,6 +54,9 @@ def test_bench_spec_smoke(tmp_path):
     (["--temperature", "1"], '--temperature > 0 times the phases only: pass --e2e-contexts ""'),
     (["--tree", "4,0"], "--tree: expected comma-separated positive integers, got '4,0'"),
     (["--temperature", "-1", "--e2e-contexts", ""], "--temperature: must be >= 0, got -1"),
+    (["--draft-sampling", "--temperature", "1", "--e2e-contexts", ""], "--draft-sampling needs --temperature > 0 "
+                                                                       "and a chain --tree"),
+    (["--draft-sampling", "--tree", "1,1"], "--draft-sampling needs --temperature > 0"),
 ])
 def test_round_arguments_are_checked(capsys, argv, message):
     with pytest.raises(SystemExit):
@@ -63,8 +66,8 @@ def test_round_arguments_are_checked(capsys, argv, message):
 
 @pytest.mark.slow
 def test_bench_spec_phases_of_a_sampled_chain(tmp_path, monkeypatch):
-    """--tree and --temperature reach the timed round: its settings sample at T=1, and the phases and floors are
-    those of a three-token chain."""
+    """--tree, --temperature and --draft-sampling reach the timed round: its settings sample a chain at T=1 and
+    verify it by speculative sampling, and the phases and floors are those of a three-token chain."""
     planned, original = [], bench_spec.plan_speculative
 
     def plan(*args):
@@ -73,11 +76,11 @@ def test_bench_spec_phases_of_a_sampled_chain(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bench_spec, "plan_speculative", plan)
     assert bench_spec.main(["--out", str(tmp_path), "--smoke", "--tree", "1,1,1", "--temperature", "1",
-                            "--e2e-contexts", "", "--commit-repeats", "1"]) == 0
-    (_, _, _, _, sampling, tree, *_), = planned
-    assert sampling.temperature == 1.0 and tree == (1, 1, 1)
+                            "--draft-sampling", "--e2e-contexts", "", "--commit-repeats", "1"]) == 0
+    (_, _, _, _, sampling, tree, _, _, draft_sampling), = planned
+    assert sampling.temperature == 1.0 and tree == (1, 1, 1) and draft_sampling is True
     results = json.loads((tmp_path / "bench_spec.json").read_text())
-    assert results["tree_shape"] == [1, 1, 1] and results["temperature"] == 1.0
+    assert results["tree_shape"] == [1, 1, 1] and results["temperature"] == 1.0 and results["draft_sampling"]
     row = results["contexts"]["40"]
     assert {k for k in row["phases"] if k.startswith("tree_level")} == {"tree_level1_topk", "tree_level2",
                                                                          "tree_level3"}

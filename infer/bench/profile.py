@@ -26,7 +26,7 @@ import numpy as np
 from infer.bench.decode import LLAMA3_8B, TINY
 from infer.bench.harness import arg_parser, log, md_header, md_row, write_report
 from infer.bench.random_model import random_target
-from infer.bench.spec import add_round_args, load_pair
+from infer.bench.spec import add_round_args, check_round_args, load_pair
 from infer.bench.spec_phases import after
 from infer.bench.trace import profile_loop
 from infer.decoding import StopCriteria
@@ -125,11 +125,11 @@ def run(args) -> dict:
     log(f"pair loaded in {time.perf_counter() - t0:.0f} s")
     results: dict = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
                      "jax": jax.__version__, "model": args.model, "tree_shape": list(args.tree),
-                     "temperature": args.temperature, "contexts": {}}
+                     "temperature": args.temperature, "draft_sampling": args.draft_sampling, "contexts": {}}
     stop = StopCriteria.make(args.new_tokens, [])
     for ctx in args.contexts:
         settings = plan_speculative(target, draft, ctx, args.new_tokens, SamplingConfig(args.temperature), args.tree,
-                                    512, impl)
+                                    512, impl, args.draft_sampling)
         tokens, lengths = pad_prompts([np.asarray(stream[:ctx], np.int32)], settings.base.prompt_len)
         results["contexts"][ctx] = profile_context(settings, stop, target.params, draft.weights, tokens, lengths,
                                                    args.reps, args.options)
@@ -167,6 +167,7 @@ def main(argv=None) -> int:
                                                    'e.g. \'{"no_cmd_buffers": {"xla_gpu_enable_command_buffer": ""}}\'')
     add_round_args(p)
     args = p.parse_args(argv)
+    check_round_args(p, args)
     args.contexts = [int(x) for x in (args.contexts or ("40" if args.smoke else "16384,32768")).split(",") if x]
     args.reps = args.reps or (2 if args.smoke else 20)
     args.options = {"default": {}, **json.loads(args.options)}

@@ -68,6 +68,14 @@ def add_round_args(p) -> None:
                    help="tree shape (default the reference's 4,16,16,16,16; 1,1,1,1 is a chain)")
     p.add_argument("--temperature", type=temperature_arg, default=0.0,
                    help="sampling temperature of the timed round and plain step (default 0: greedy)")
+    p.add_argument("--draft-sampling", action="store_true",
+                   help="a sampled chain verified by speculative sampling (--temperature > 0, a chain --tree)")
+
+
+def check_round_args(p, args) -> None:
+    """What ``generate(draft_sampling=True)`` would refuse, as a command-line error."""
+    if args.draft_sampling and (args.temperature == 0 or set(args.tree) != {1}):
+        p.error("--draft-sampling needs --temperature > 0 and a chain --tree such as 1,1,1,1")
 
 
 def load_pair(args):
@@ -92,7 +100,7 @@ def stream_length(args) -> int:
 def run(args) -> dict:
     results: dict = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
                      "jax": jax.__version__, "tree_shape": list(args.tree), "temperature": args.temperature,
-                     "batch": args.batch,
+                     "draft_sampling": args.draft_sampling, "batch": args.batch,
                      "attention": "xla" if args.smoke else args.attention, "contexts": {}}
     t0 = time.perf_counter()
     target, draft, prompt_stream, impl = load_pair(args)
@@ -112,7 +120,7 @@ def run(args) -> dict:
     N_new = args.new_tokens
     # One settings object (capacity and padded prompt for the longest context) serves every context: one compile.
     settings = plan_speculative(target, draft, max(args.contexts), N_new, SamplingConfig(args.temperature), args.tree,
-                                512, impl)
+                                512, impl, args.draft_sampling)
     base = settings.base
     stop = StopCriteria.make(N_new, [])
     key = jax.random.PRNGKey(0)
@@ -283,6 +291,7 @@ def main(argv=None) -> int:
     args.contexts = [int(x) for x in args.contexts.split(",") if x]
     args.phase_contexts = [int(x) for x in args.phase_contexts.split(",") if x]
     args.e2e_contexts = [int(x) for x in args.e2e_contexts.split(",") if x]
+    check_round_args(p, args)
     if args.temperature > 0 and args.e2e_contexts:  # the oracles replay plain's greedy output
         p.error("--temperature > 0 times the phases only: pass --e2e-contexts \"\"")
     if not args.smoke and not (args.fixture and args.pad_script):
