@@ -297,7 +297,7 @@ def main(argv=None) -> int:
     p.add_argument("--per-bucket", type=int, default=4)
     p.add_argument("--min-tokens", type=int, default=1200)
     p.add_argument("--max-tokens", type=int, default=None, help="default: the target's context - 2000")
-    p.add_argument("--methods", default="plain,tree,chain,pld,hf,hf_pld")
+    p.add_argument("--methods", default="plain,tree,chain,schain,pld,hf,hf_pld")
     p.add_argument("--tree-shapes", default="4,16,16,16,16;2,8,8,8;4,8,8,8,8,8", help="shapes, ';'-separated")
     p.add_argument("--chain", default="1,1,1,1")
     p.add_argument("--pld-tokens", type=int, default=10)
