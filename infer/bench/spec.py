@@ -16,9 +16,9 @@ the plain and the speculative output may part at a near-tie, after which an orac
 predicts the wrong text). With ``--batch B``, row b starts ``b * BATCH_STRIDE`` tokens after row 0; tokens/s are
 summed over the rows and tau is their mean. Where a speculative output differs from plain greedy, the float32
 top-2 logit gap at the first difference is recorded (the small fixture computes the padded model's function).
-The round is the reference's tree (4,16,16,16,16) at T=0 unless ``--tree`` / ``--temperature`` say otherwise; at
-T > 0 only the phases are timed (the oracles replay greedy output). Timings: jitted functions, compile excluded,
-``block_until_ready``. Generation loops: median over runs. Phases
+The round is the reference's tree (4,16,16,16,16) at T=0 unless ``--tree`` / ``--temperature`` /
+``--draft-sampling`` say otherwise; at T > 0 only the phases are timed (the oracles replay greedy output).
+Timings: jitted functions, compile excluded, ``block_until_ready``. Generation loops: median over runs. Phases
 (:mod:`infer.bench.spec_phases`): each phase repeated ``--phase-reps`` times inside one jitted ``fori_loop`` from
 the post-prefill state; the phases of the two commit schemes are timed in turn, ``--commit-repeats`` times.
 
