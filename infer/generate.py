@@ -288,12 +288,16 @@ def plan_speculative(target, draft: Draft, longest_prompt: int, max_new_tokens: 
     settings = SpecSettings(base=base, tree=spec, draft=draft.settings(impl))
     if not draft_sampling:
         return settings
+    check_draft_sampling(sampling, spec.shape)
+    return dataclasses.replace(settings, acceptance=speculative_sampling_acceptance, draft_sampling=True)
+
+
+def check_draft_sampling(sampling: SamplingConfig, tree_shape: tuple[int, ...]) -> None:
+    """Raises ``ValueError`` where ``draft_sampling`` cannot run: greedy decoding, or a tree that is no chain."""
     if sampling.greedy:
         raise ValueError("draft_sampling needs temperature > 0 (greedy decoding verifies the draft's argmax chain)")
-    if set(spec.shape) != {1}:
-        raise ValueError(f"draft_sampling needs a chain tree_shape (every width 1), got {spec.shape}")
-    return dataclasses.replace(settings, acceptance=speculative_sampling_acceptance,
-                               draft_temperature=sampling.temperature)
+    if set(tree_shape) != {1}:
+        raise ValueError(f"draft_sampling needs a chain tree_shape (every width 1), got {tree_shape}")
 
 
 def run_speculative(settings: SpecSettings, target, draft: Draft, prompts, max_new_tokens: int, stop,

@@ -199,8 +199,7 @@ def main(argv=None) -> int:
         print(f"[infer.main] target: {where} ({args.dtype}); prompt: {len(ids)} tokens", file=sys.stderr)
         kwargs = dict(draft=draft, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                       top_p=args.top_p, seed=args.seed, tree_shape=args.tree_shape,
-                      eos_token_id=[] if args.ignore_eos else None,
-                      **({"draft_sampling": True} if args.draft_sampling else {}))
+                      eos_token_id=[] if args.ignore_eos else None, draft_sampling=args.draft_sampling)
         streamer = TextStreamer(tokenizer.decode)
         sys.stdout.write(prompt)
         sys.stdout.flush()

@@ -33,13 +33,13 @@ def exact_acceptance(tree: Tree, target_logits_BxNxV, key, settings: "SpecSettin
 
 def speculative_sampling_acceptance(tree: Tree, target_logits_BxNxV, key, settings: "SpecSettings") -> Acceptance:
     """Speculative sampling along a sampled chain (Leviathan et al. 2023; Chen et al. 2023): chain node k + 1 was
-    drawn from the draft's q_k = softmax(draft_logp_k / T_draft); it is accepted with probability
-    min(1, p_k / q_k), where p_k is the target's sampling distribution after node k; the first rejected node
-    emits a draw from the residual max(p_k - q_k, 0), renormalised, and a fully accepted chain a draw from p at
-    its end. Every emitted token is then an exact draw from p given its prefix."""
-    B, N, V = target_logits_BxNxV.shape
+    drawn from the draft's q_k = softmax(draft_logp_k / T), T the sampling temperature; it is accepted with
+    probability min(1, p_k / q_k), where p_k is the target's sampling distribution after node k; the first
+    rejected node emits a draw from the residual max(p_k - q_k, 0), renormalised, and a fully accepted chain a
+    draw from p at its end. Every emitted token is then an exact draw from p given its prefix."""
+    N = target_logits_BxNxV.shape[1]
     logp_BxNxV = sampling_log_probs(target_logits_BxNxV, settings.base.sampling)
-    logq_BxDxV = jax.nn.log_softmax(tree.draft_logp[:, :-1] / settings.draft_temperature, axis=-1)
+    logq_BxDxV = jax.nn.log_softmax(tree.draft_logp[:, :-1] / settings.base.sampling.temperature, axis=-1)
     drafted_BxD = tree.tokens[:, 1:]
     lp_BxD = jnp.take_along_axis(logp_BxNxV[:, :-1], drafted_BxD[..., None], axis=-1)[..., 0]
     lq_BxD = jnp.take_along_axis(logq_BxDxV, drafted_BxD[..., None], axis=-1)[..., 0]
@@ -60,15 +60,15 @@ def speculative_sampling_acceptance(tree: Tree, target_logits_BxNxV, key, settin
 
 @dataclasses.dataclass(frozen=True)
 class SpecSettings:
-    """Everything static about one compiled speculative generate call (a jit cache key). ``draft_temperature``
-    > 0: the draft samples its chain at that temperature (:func:`longspec_jax.tree.proposal_log_probs`), which
-    the acceptance must know (:func:`speculative_sampling_acceptance`); 0: deterministic top-k beams."""
+    """Everything static about one compiled speculative generate call (a jit cache key). ``draft_sampling``: the
+    draft samples its chain at the sampling temperature (:func:`longspec_jax.tree.proposal_log_probs`), for
+    :func:`speculative_sampling_acceptance`; otherwise its children are deterministic top-k beams."""
 
     base: DecodeSettings
     tree: TreeSpec
     draft: DraftSettings
     acceptance: Callable = exact_acceptance  # (tree, target_logits, key, settings) -> Acceptance
-    draft_temperature: float = 0.0
+    draft_sampling: bool = False
 
 
 @struct.dataclass
@@ -112,9 +112,9 @@ def spec_round(settings: SpecSettings, target_params, weights: DraftWeights, sto
                state: SpecState) -> SpecState:
     key, verify_key = jax.random.split(state.key)
     sample = None
-    if settings.draft_temperature > 0:
+    if settings.draft_sampling:
         verify_key, draft_key = jax.random.split(verify_key)
-        sample = (draft_key, settings.draft_temperature)
+        sample = (draft_key, settings.base.sampling.temperature)
     logp_root_BxV, ring = draft_root(settings.draft, weights, target_params, state.cache, state.ring,
                                      state.pending, state.num_pending)
     root_B = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)[:, 0]

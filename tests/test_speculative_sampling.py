@@ -275,7 +275,7 @@ def test_speculative_sampling_acceptance_by_hand():
     tree = Tree(tokens=jnp.asarray([[0, 2, 1], [0, 2, 1]]), parents=jnp.asarray([[0, 0, 1]] * 2),
                 mask=jnp.broadcast_to(jnp.tril(jnp.ones((3, 3), bool)), (2, 3, 3)), draft_logp=draft_logp_BxNxV)
     settings = SpecSettings(base=_base_settings(SamplingConfig(temperature=1.0)), tree=TreeSpec((1, 1)),
-                            draft=None, draft_temperature=1.0)
+                            draft=None, draft_sampling=True)
     for seed in range(20):
         out = speculative_sampling_acceptance(tree, logits_BxNxV, jax.random.PRNGKey(seed), settings)
         assert out.count_B.tolist() == [3, 1]

@@ -46,7 +46,7 @@ from infer.bench.oracle import oracle_hook, oracle_table
 from infer.bench.spec_inputs import build_padded_pair, dev_prompt_tokens, stable_prompt_offset
 from infer.bench.spec_phases import draft_state_bytes, phase_times
 from infer.decoding import Progress, StopCriteria, prefill_and_first_token
-from infer.generate import pad_prompts, plan_speculative
+from infer.generate import check_draft_sampling, pad_prompts, plan_speculative
 from infer.main import temperature_arg, tree_shape_arg
 from infer.plain import plain_loop
 from infer.speculative import SpecSettings, speculative_loop, speculative_start
@@ -73,8 +73,11 @@ def add_round_args(p) -> None:
 
 
 def check_round_args(p, args) -> None:
-    """What ``generate(draft_sampling=True)`` would refuse, as a command-line error."""
-    if args.draft_sampling and (args.temperature == 0 or set(args.tree) != {1}):
+    """What ``generate(draft_sampling=True)`` would refuse, as a command-line error before the pair loads."""
+    try:
+        if args.draft_sampling:
+            check_draft_sampling(SamplingConfig(args.temperature), args.tree)
+    except ValueError:
         p.error("--draft-sampling needs --temperature > 0 and a chain --tree such as 1,1,1,1")
 
 

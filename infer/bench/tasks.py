@@ -14,9 +14,10 @@ counts the rows (one per task, bucket, temperature, batch size and method).
 Methods (``--methods``; plain first, the baseline of every speedup): ``plain``; ``tree`` (the first draft of
 ``--drafts`` with each shape of ``--tree-shapes``, the sweep; every other draft with the first shape); ``chain``
 (each draft, ``--chain``); ``schain`` (T > 0 only: each draft's chain drafted by sampling and verified by
-speculative sampling, ``generate(draft_sampling=True)``); ``pld`` (prompt lookup on our verify path, ``--pld-tokens``); ``hf`` and ``hf_pld``
-(Hugging Face ``generate`` in PyTorch on the target's directory, plain at every batch size (left-padded) and with
-``prompt_lookup_num_tokens`` at batch 1, the only one transformers runs it at). Decode tokens/s exclude prefill:
+speculative sampling, ``generate(draft_sampling=True)``); ``pld`` (prompt lookup on our verify path,
+``--pld-tokens``); ``hf`` and ``hf_pld`` (Hugging Face ``generate`` in PyTorch on the target's directory, plain
+at every batch size (left-padded) and with ``prompt_lookup_num_tokens`` at batch 1, the only one transformers runs
+it at). Decode tokens/s exclude prefill:
 they are timed between a probe call and the full call (our methods: the probe generates just over half the tokens,
 so it runs the same compiled program; HF: one token). At T=0 each output
 is compared with plain's: where it parts, the float32 top-2 logit gap there says whether that is a near-tie, where
