@@ -213,6 +213,9 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
         longest = max(longest, int(pad_prompts_to))
     if on_tokens is not None and not callable(on_tokens):
         raise ValueError(f"on_tokens must be callable or None, got {type(on_tokens).__name__}")
+    if draft_sampling and not isinstance(draft, Draft):
+        raise ValueError(f"draft_sampling needs a LongSpec Draft to sample the chain from, got "
+                         f"{'no draft' if draft is None else type(draft).__name__}")
     if target.mesh is not None:
         if len(prompts) % target.mesh.shape[DATA]:
             raise ValueError(f"a batch of {len(prompts)} prompts does not split over the mesh's data axis of "

@@ -179,6 +179,8 @@ def main(argv=None) -> int:
     prompt = _read_prompt(args, parser)
     if args.draft is not None and not os.path.exists(args.draft):
         parser.error(f"--draft {args.draft}: no such file or directory")
+    if args.draft_sampling and args.draft is None:
+        parser.error("--draft-sampling needs --draft (the draft samples the chain)")
     if args.tiny_random and args.target is not None:
         parser.error("give either --target or --tiny-random, not both")
     if args.target is not None and not os.path.isdir(args.target):

@@ -140,6 +140,8 @@ def test_draft_gives_the_same_text_as_plain_decoding(capsys, tmp_path):
     assert code == 2 and "draft_sampling needs temperature > 0" in err
     code, _, err = run_cli(capsys, *argv, *sampled, "--temperature", "1")
     assert code == 0 and "mean accepted (tau)" in err, err
+    code, _, err = run_cli(capsys, *argv, "--draft-sampling", "--temperature", "1")
+    assert code == 2 and "--draft-sampling needs --draft" in err
 
 
 def test_module_entry_point():

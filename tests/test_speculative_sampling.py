@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from infer import generate
+from infer import PromptLookup, generate
 from infer.decoding import StopCriteria
 from infer.generate import plan_speculative, run_speculative
 from infer.speculative import speculative_sampling_acceptance
@@ -295,4 +295,15 @@ def test_draft_sampling_needs_a_chain_and_a_temperature(temperature, shape, word
     target, draft = _models()
     with pytest.raises(ValueError, match=words):
         generate(target, [PROMPTS[0]], draft=draft, max_new_tokens=2, temperature=temperature, tree_shape=shape,
+                 draft_sampling=True)
+
+
+@pytest.mark.parametrize("lookup", [False, True])
+def test_draft_sampling_needs_a_longspec_draft(lookup):
+    """Without a draft, or with prompt lookup (no distribution to sample), the flag is an error, not ignored."""
+    target, _ = _models()
+    draft = PromptLookup() if lookup else None
+    words = "draft_sampling needs a LongSpec Draft.*got " + ("PromptLookup" if lookup else "no draft")
+    with pytest.raises(ValueError, match=words):
+        generate(target, [PROMPTS[0]], draft=draft, max_new_tokens=2, temperature=1.0, tree_shape=(1, 1),
                  draft_sampling=True)
