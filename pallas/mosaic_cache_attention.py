@@ -60,6 +60,9 @@ class MosaicConfig:
     compute_wgs: int = 2
     accumulate: str = "state"  # P V straight into the output accumulator (pl.run_state); "fresh": into a new
     # accumulator, then rescale-and-add in one FMA (2% slower on the H200; what jax's interpreter can run)
+    schedule: str = "pingpong"  # two compute warpgroups take turns on the tensor cores; "pipelined": each overlaps
+    # its softmax of block i with its own P V of block i - 1 (always accumulates fresh)
+    fence: bool = False  # an optimization barrier between the softmax and the hand-over of the tensor cores
 
     def rows_per_block(self) -> int:
         return self.compute_wgs * ROWS_PER_WG
@@ -78,6 +81,8 @@ class MosaicConfig:
             raise ValueError(f"mosaic cache attention: stages, compute_wgs and num_splits must be >= 1 ({self})")
         if self.accumulate not in ("fresh", "state"):
             raise ValueError(f"mosaic cache attention: accumulate={self.accumulate!r}; choose fresh or state")
+        if self.schedule not in ("pingpong", "pipelined"):
+            raise ValueError(f"mosaic cache attention: schedule={self.schedule!r}; choose pingpong or pipelined")
         if self.smem_bytes(head_dim, itemsize) > SMEM_BYTES:
             raise ValueError(f"mosaic cache attention: {self} needs {self.smem_bytes(head_dim, itemsize)} bytes of "
                              f"shared memory for head_dim {head_dim}; at most {SMEM_BYTES}")
@@ -152,7 +157,7 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
     def key0(i):  # first key of block i
         return jnp.minimum(start + i * bk, last_key0)
 
-    pingpong = C == 2
+    pingpong = C == 2 and cfg.schedule == "pingpong"
 
     def take_turn():
         plgpu.barrier_arrive(turn)
@@ -178,6 +183,22 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
         if pingpong:
             pl.when(wg == 1)(take_turn)
 
+        def softmax(s, m, l, i, masked: bool):
+            """Online softmax of block i's scores: (new max, rescale of the old state, P in q's dtype, new sum)."""
+            if masked:  # the last block: keys before start + i * bk were seen by block i - 1, keys >= end are not ours
+                key = key0(i) + _column_iota((ROWS_PER_WG, bk), interpret)
+                s = jnp.where((key >= start + i * bk) & (key < end), s, -jnp.inf)
+            m_new = jnp.maximum(m, s.max(axis=1) * scale2)  # base-2 units, scaled
+            alpha = jnp.exp2(m - m_new)
+            p = jnp.exp2(s * scale2 - lax.broadcast_in_dim(m_new, s.shape, [0]))
+            return m_new, alpha, p.astype(q_tile.dtype), l * alpha + p.sum(axis=1)
+
+        def rescale(acc, alpha):
+            return acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+        def refilled(i):  # the memory warpgroup waits for block i's slot only if it loads that slot again
+            return i + stages < steps
+
         def step(i, carry, masked: bool):
             acc, m, l = carry
             slot = lax.rem(i, stages)
@@ -189,19 +210,12 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
                 return s_ref[...]
 
             s = pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, bk), jnp.float32))
-            refilled = i + stages < steps  # the memory warpgroup waits for this slot only if it loads it again
-            pl.when(refilled)(lambda: plgpu.barrier_arrive(k_free.at[slot]))
-            if masked:  # the last block: keys before start + i * bk were seen by block i - 1, keys >= end are not ours
-                key = key0(i) + _column_iota((ROWS_PER_WG, bk), interpret)
-                s = jnp.where((key >= start + i * bk) & (key < end), s, -jnp.inf)
-            m_new = jnp.maximum(m, s.max(axis=1) * scale2)  # base-2 units, scaled
-            alpha = jnp.exp2(m - m_new)
-            p = jnp.exp2(s * scale2 - lax.broadcast_in_dim(m_new, s.shape, [0]))
-            l = l * alpha + p.sum(axis=1)
-            p_half = p.astype(q_tile.dtype)
-            alpha_acc = lax.broadcast_in_dim(alpha, acc.shape, [0])
+            pl.when(refilled(i))(lambda: plgpu.barrier_arrive(k_free.at[slot]))
+            m_new, alpha, p_half, l = softmax(s, m, l, i, masked)
             if cfg.accumulate == "state":
-                acc = acc * alpha_acc
+                acc = rescale(acc, alpha)
+            if cfg.fence:  # keep the softmax before the hand-over of the tensor cores (jax's FA3 kernel does so)
+                acc, l, m_new, p_half = lax.optimization_barrier((acc, l, m_new, p_half))
             if pingpong:
                 plgpu.barrier_arrive(turn)
             plgpu.barrier_wait(v_ready.at[slot])
@@ -221,12 +235,69 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
             if cfg.accumulate == "state":  # P V accumulates into acc's registers
                 acc = pl.run_state(pv)(plgpu.ACC.init(acc))
             else:  # P V into a fresh accumulator, rescale and add in one FMA (jax's interpreter lacks run_state)
-                acc = acc * alpha_acc + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
-            pl.when(refilled)(lambda: plgpu.barrier_arrive(v_free.at[slot]))
+                acc = rescale(acc, alpha) + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
+            pl.when(refilled(i))(lambda: plgpu.barrier_arrive(v_free.at[slot]))
             return acc, m_new, l
 
-        carry = lax.fori_loop(0, jnp.maximum(steps - 1, 0), functools.partial(step, masked=False), (acc, m, l))
-        acc, m, l = lax.fori_loop(jnp.maximum(steps - 1, 0), steps, functools.partial(step, masked=True), carry)
+        def pipelined_step(i, carry, masked: bool):
+            """Block i's ``Q K^T`` and block i - 1's ``P V`` in flight together; block i's softmax runs while the
+            tensor cores do that ``P V`` (FlashAttention-3's intra-warpgroup overlap)."""
+            acc, m, l, p_half, alpha = carry
+            slot, prev = lax.rem(i, stages), lax.rem(i - 1, stages)
+            plgpu.barrier_wait(k_ready.at[slot])
+            plgpu.barrier_wait(v_ready.at[prev])
+
+            def both(s_ref, pv_ref):
+                plgpu.wgmma(s_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
+                plgpu.wgmma(pv_ref, p_half, v_smem.at[prev])
+                s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # Q K^T done; P V may still run
+                pl.when(refilled(i))(lambda: plgpu.barrier_arrive(k_free.at[slot]))
+                new = softmax(s, m, l, i, masked)
+                pv = pv_ref[...]
+                pl.when(refilled(i - 1))(lambda: plgpu.barrier_arrive(v_free.at[prev]))
+                return rescale(acc, alpha) + pv, *new
+
+            acc, m_new, alpha_new, p_new, l_new = pl.run_scoped(
+                both, plgpu.ACC((ROWS_PER_WG, bk), jnp.float32), plgpu.ACC(acc.shape, jnp.float32))
+            return acc, m_new, l_new, p_new, alpha_new
+
+        def first_block(_, carry):
+            """Block 0's ``Q K^T`` and softmax (masked: it may be the last); its ``P V`` runs in the next step."""
+            acc, m, l, p_half, alpha = carry
+
+            def qk(s_ref):
+                plgpu.wgmma(s_ref, q_tile, k_smem.at[0].transpose((1, 0)))
+                return s_ref[...]
+
+            s = pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, bk), jnp.float32))
+            pl.when(refilled(0))(lambda: plgpu.barrier_arrive(k_free.at[0]))
+            m, alpha, p_half, l = softmax(s, m, l, 0, True)
+            return acc, m, l, p_half, alpha
+
+        def last_pv(_, carry):
+            """The last block's ``P V`` (its slot is not loaded again)."""
+            acc, m, l, p_half, alpha = carry
+            slot = lax.rem(steps - 1, stages)
+            plgpu.barrier_wait(v_ready.at[slot])
+
+            def pv(pv_ref):
+                plgpu.wgmma(pv_ref, p_half, v_smem.at[slot])
+                return pv_ref[...]
+
+            return rescale(acc, alpha) + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32)), m, l, p_half, alpha
+
+        if cfg.schedule == "pipelined":
+            p0 = _layout_cast(jnp.zeros((ROWS_PER_WG, bk), q_tile.dtype), plgpu.Layout.WGMMA, interpret)
+            alpha0 = _layout_cast(jnp.full((ROWS_PER_WG,), 1.0, jnp.float32), rows_layout, interpret)
+            carry = lax.fori_loop(0, jnp.minimum(steps, 1), first_block, (acc, m, l, p0, alpha0))
+            carry = lax.fori_loop(1, jnp.maximum(steps - 1, 1), functools.partial(pipelined_step, masked=False),
+                                  carry)
+            carry = lax.fori_loop(jnp.maximum(steps - 1, 1), steps, functools.partial(pipelined_step, masked=True),
+                                  carry)
+            acc, m, l, _, _ = lax.fori_loop(0, jnp.minimum(steps, 1), last_pv, carry)
+        else:
+            carry = lax.fori_loop(0, jnp.maximum(steps - 1, 0), functools.partial(step, masked=False), (acc, m, l))
+            acc, m, l = lax.fori_loop(jnp.maximum(steps - 1, 0), steps, functools.partial(step, masked=True), carry)
         if pingpong:
             pl.when(wg == 0)(take_turn)
 

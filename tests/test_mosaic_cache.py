@@ -86,10 +86,16 @@ CASES = {
     "rowblocks3-full": (1, 37, 256, 8, 2, 64, [256], MosaicConfig(num_splits=4, block_kv=128, stages=2,
                                                                    compute_wgs=1)),
     "stages1": (1, 40, 384, 6, 2, 64, [383], MosaicConfig(num_splits=2, block_kv=64, stages=1, compute_wgs=1)),
+    "pipelined-gqa4": (2, 5, 512, 8, 2, 64, [300, 41], MosaicConfig(num_splits=3, block_kv=64, stages=2,
+                                                                     compute_wgs=1, schedule="pipelined")),
+    "pipelined-stages1": (1, 40, 384, 6, 2, 64, [383], MosaicConfig(num_splits=2, block_kv=64, stages=1,
+                                                                    compute_wgs=1, schedule="pipelined")),
+    "pipelined-2wg-d128": (2, 3, 256, 1, 1, 128, [0, 200], MosaicConfig(num_splits=3, block_kv=64, stages=3,
+                                                                        compute_wgs=2, schedule="pipelined")),
 }
 # Three compute warpgroups run on the GPU only: the interpreter runs a block's warpgroups as concurrent XLA
 # executions, and on a 2-core machine a fourth one never starts while the others wait at a barrier.
-DEFAULT_SUITE = ("wg1-splits3", "pingpong-stages3-d128")
+DEFAULT_SUITE = ("wg1-splits3", "pingpong-stages3-d128", "pipelined-gqa4")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in DEFAULT_SUITE else pytest.mark.slow)
@@ -127,9 +133,12 @@ def test_mosaic_impl_keeps_few_rows_on_the_pallas_half_and_names_what_it_cannot_
 
 def test_kernel_lowers_for_a_gpu_in_every_variant():
     """Cross-platform lowering (no GPU needed) builds the Mosaic GPU module: layouts, barriers, TMA descriptors
-    and wgmma shapes are checked at this step for each accumulation, warpgroup count and head_dim."""
+    and wgmma shapes are checked at this step for each accumulation, schedule, warpgroup count and head_dim."""
     for cfg, K, D in ((MosaicConfig(num_splits=8, stages=3), 18, 64),
                       (MosaicConfig(num_splits=8, stages=3, accumulate="fresh"), 18, 64),
+                      (MosaicConfig(num_splits=8, stages=3, fence=True), 18, 64),
+                      (MosaicConfig(num_splits=8, stages=3, schedule="pipelined"), 18, 64),
+                      (MosaicConfig(num_splits=10, schedule="pipelined"), 8, 128),
                       (MosaicConfig(num_splits=16, compute_wgs=1), 8, 128),
                       (MosaicConfig(num_splits=4, block_kv=64, stages=4, compute_wgs=3), 8, 128)):
         R = 3 * cfg.rows_per_block()
@@ -158,6 +167,7 @@ def test_config_rules_and_errors():
     for cfg, cache, msg in ((MosaicConfig(num_splits=1, block_kv=96), kv, "multiple of 64"),
                             (MosaicConfig(num_splits=1, block_kv=512), kv, "capacity 256 must be a multiple"),
                             (MosaicConfig(num_splits=1, accumulate="x"), kv, "accumulate='x'"),
+                            (MosaicConfig(num_splits=1, schedule="x"), kv, "schedule='x'"),
                             (MosaicConfig(num_splits=0), kv, ">= 1"),
                             (MosaicConfig(num_splits=1, compute_wgs=1, stages=8, block_kv=256), kv512,
                              "shared memory")):
@@ -174,6 +184,10 @@ def test_config_rules_and_errors():
 GPU_CASES = {  # the verification pass's shapes at 4k, every variant the benchmark sweeps, ragged lengths
     "padded-default": (2, 74, 4096, 72, 18, 64, [4096, 1234], None),
     "padded-fresh": (1, 74, 4096, 72, 18, 64, [3000], "fresh"),
+    "padded-fence": (1, 74, 4096, 72, 18, 64, [2999], dict(fence=True)),
+    "padded-pipelined": (2, 74, 4096, 72, 18, 64, [4096, 1234], dict(schedule="pipelined", accumulate="fresh")),
+    "padded-pipelined-stages2": (1, 74, 4096, 72, 18, 64, [3001], dict(schedule="pipelined", stages=2)),
+    "llama-pipelined": (2, 74, 4096, 32, 8, 128, [4096, 100], dict(schedule="pipelined")),
     "llama-default": (2, 74, 4096, 32, 8, 128, [4096, 100], None),
     "llama-wg1-bk64": (1, 74, 4096, 32, 8, 128, [2049], dict(compute_wgs=1, block_kv=64, stages=4)),
     "llama-wg3": (1, 74, 4096, 32, 8, 128, [4000], dict(compute_wgs=3)),

@@ -28,6 +28,7 @@ markdown.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import sys
 import time
@@ -36,7 +37,7 @@ import traceback
 import jax
 
 from infer.bench.attention_loop import L2_BYTES, OpTimer
-from infer.bench.attention_mosaic import run_sweep_mosaic
+from infer.bench.attention_mosaic import VARIANT_KINDS, run_sweep_mosaic
 from infer.bench.attention_report import markdown
 from infer.bench.attention_sections import run_sweep, run_sweep_cudnn, run_table, sweep_best
 from infer.bench.harness import arg_parser, copy_bandwidth, log, write_report
@@ -47,6 +48,16 @@ TIMING_METHOD = ("each op run n times inside one jitted lax.fori_loop; every ste
                  "folded or hoisted; R distinct K/V sets rotated (cycle >= 3x L2 where possible); n chosen so "
                  "one call lasts >= ~{target_ms:.0f} ms; warm-up, median of {calls} calls; the same loop with an "
                  "identity op is subtracted.")
+
+
+def variant_kinds_arg(text: str) -> tuple[str, ...]:
+    """``--mosaic-variants``: a comma list of :data:`VARIANT_KINDS`, or ``none``."""
+    kinds = tuple(k for k in text.split(",") if k and k != "none")
+    unknown = [k for k in kinds if k not in VARIANT_KINDS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown variant kind(s) {', '.join(unknown)}; choose from "
+                                         f"{', '.join(VARIANT_KINDS)} or none")
+    return kinds
 
 
 def parse_args(argv=None):
@@ -91,8 +102,9 @@ def parse_args(argv=None):
                                                "padded-8b:64:16384:4",
                    help="model:head_dim:cache_length:batch,... of the mosaic section")
     p.add_argument("--mosaic-budget-s", type=float, default=150.0)
-    p.add_argument("--mosaic-default-only", dest="mosaic_variants", action="store_false",
-                   help="mosaic section: the default config (and cuDNN) only, no variants")
+    p.add_argument("--mosaic-variants", type=variant_kinds_arg, default=VARIANT_KINDS, metavar="KIND,...",
+                   help=f"mosaic section: which one-step changes of the default config to time besides it "
+                        f"(any of {','.join(VARIANT_KINDS)}; 'none': the default config and cuDNN only)")
     p.add_argument("--target-s", type=float, default=0.025,
                    help="seconds per timed call: the in-jit loop count n is chosen so one call lasts about this")
     p.add_argument("--calls", type=int, default=5, help="timed calls per op (median reported), after a warm-up")

@@ -32,19 +32,30 @@ def parse_shapes(text: str) -> list[tuple[str, int, int, int]]:
     return shapes
 
 
-def variants(base, capacity: int) -> list:
-    """The default config, then one-step changes of it."""
+VARIANT_KINDS = ("schedule", "accumulate", "wgs", "stages", "block", "splits")
+
+
+def variants(base, capacity: int, kinds=VARIANT_KINDS) -> list:
+    """The default config, then one-step changes of it, of the ``kinds`` asked for (:data:`VARIANT_KINDS`)."""
     from pallas.mosaic_cache_attention import MosaicConfig
     key_blocks = capacity // base.block_kv
-    out = [base, dataclasses.replace(base, accumulate="fresh")]
-    out += [dataclasses.replace(base, compute_wgs=c) for c in (1, 2, 3) if c != base.compute_wgs]
-    out += [dataclasses.replace(base, stages=st) for st in (2, 4) if st != base.stages]
-    if base.block_kv != 64:
+    out = [base]
+    if "schedule" in kinds:
+        pipelined = dataclasses.replace(base, schedule="pipelined", accumulate="fresh")
+        out += [dataclasses.replace(base, fence=True), pipelined]
+        out += [dataclasses.replace(pipelined, stages=st) for st in (2, 4) if st != base.stages]
+    if "accumulate" in kinds:
+        out.append(dataclasses.replace(base, accumulate="fresh"))
+    if "wgs" in kinds:
+        out += [dataclasses.replace(base, compute_wgs=c) for c in (1, 2, 3) if c != base.compute_wgs]
+    if "stages" in kinds:
+        out += [dataclasses.replace(base, stages=st) for st in (2, 4) if st != base.stages]
+    if "block" in kinds and base.block_kv != 64:
         out.append(dataclasses.replace(base, block_kv=64, stages=4))
-    # splits need not divide the key blocks (chunks are cut at run time); other counts fill the waves differently
-    out += [dataclasses.replace(base, num_splits=ns) for ns in sorted({max(1, base.num_splits * 2 // 3),
-                                                                      base.num_splits * 3 // 2, base.num_splits * 2})
-            if ns != base.num_splits and ns <= key_blocks]
+    if "splits" in kinds:  # splits need not divide the key blocks (chunks are cut at run time)
+        out += [dataclasses.replace(base, num_splits=ns)
+                for ns in sorted({max(1, base.num_splits * 2 // 3), base.num_splits * 3 // 2, base.num_splits * 2})
+                if ns != base.num_splits and ns <= key_blocks]
     return [c for c in out if isinstance(c, MosaicConfig)]
 
 
@@ -76,7 +87,7 @@ def run_sweep_mosaic(args, copy_bw, t_start, timer: OpTimer) -> list:
                                                                chunk_attention=chunk_fn))]
         ops += [("mosaic", cfg, (lambda i, _c=cfg: mosaic_cache_attention(i["q"], i["k_cache"], i["v_cache"],
                                                                           i["lengths"], config=_c)))
-                for cfg in (variants(base, S) if args.mosaic_variants else [base])]
+                for cfg in variants(base, S, args.mosaic_variants)]
         for name, cfg, op in ops:
             if time.perf_counter() - section_start > args.mosaic_budget_s or time.perf_counter() - t_start > args.budget_s:
                 log("  mosaic budget used up; skipping the rest")
@@ -99,7 +110,7 @@ def run_sweep_mosaic(args, copy_bw, t_start, timer: OpTimer) -> list:
 def mosaic_markdown(rows: list) -> list[str]:
     lines = ["## Mosaic GPU cache half: launch shapes against cuDNN and the roofline (74 queries, us per call)", ""]
     lines += md_header(["model", "D", "S", "B", "impl", "splits", "block_kv", "stages", "compute wgs",
-                        "accumulate", "us", "% of roofline", "roofline us"])
+                        "accumulate", "schedule", "us", "% of roofline", "roofline us"])
     for r in rows:
         c = r.get("config") or {}
         us = f"{r['us']:.1f}" if "us" in r else r.get("error", "")[:80].replace("|", "/")
@@ -107,5 +118,11 @@ def mosaic_markdown(rows: list) -> list[str]:
         label = r["impl"] + (" (default)" if r.get("default") else "")
         lines.append(md_row([r["model"], r["D"], r["S"], r["B"], label, c.get("num_splits", "-"),
                              c.get("block_kv", "-"), c.get("stages", "-"), c.get("compute_wgs", "-"),
-                             c.get("accumulate", "-"), us, frac, f"{r['roofline_us']:.1f}"]))
+                             c.get("accumulate", "-"), _schedule(c), us, frac, f"{r['roofline_us']:.1f}"]))
     return lines + [""]
+
+
+def _schedule(config: dict) -> str:
+    if not config:
+        return "-"
+    return config.get("schedule", "pingpong") + (" + fence" if config.get("fence") else "")

@@ -70,6 +70,8 @@ def add_round_args(p) -> None:
                    help="sampling temperature of the timed round and plain step (default 0: greedy)")
     p.add_argument("--draft-sampling", action="store_true",
                    help="a sampled chain verified by speculative sampling (--temperature > 0, a chain --tree)")
+    p.add_argument("--attention", default="auto", choices=IMPLS,
+                   help="attention impl of the padded pair (longspec_jax.attention; --smoke: xla)")
 
 
 def check_round_args(p, args) -> None:
@@ -282,8 +284,6 @@ def main(argv=None) -> int:
                    help="times the verify / commit phases of both commit schemes are timed, in turn")
     p.add_argument("--batch", type=int, default=1, help="sequences per generate call (rows start BATCH_STRIDE apart)")
     p.add_argument("--budget-s", type=float, default=1e9, help="start no new context or phase set after this")
-    p.add_argument("--attention", default="auto", choices=IMPLS,
-                   help="attention impl of the padded pair (longspec_jax.attention; --smoke: xla)")
     add_round_args(p)
     args = p.parse_args(argv)
     if args.batch < 1:
