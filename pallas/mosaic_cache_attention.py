@@ -60,9 +60,6 @@ class MosaicConfig:
     compute_wgs: int = 2
     accumulate: str = "state"  # P V straight into the output accumulator (pl.run_state); "fresh": into a new
     # accumulator, then rescale-and-add in one FMA (2% slower on the H200; what jax's interpreter can run)
-    schedule: str = "pingpong"  # two compute warpgroups take turns on the tensor cores; "pipelined": each overlaps
-    # its softmax of block i with its own P V of block i - 1 (always accumulates fresh)
-    fence: bool = False  # an optimization barrier between the softmax and the hand-over of the tensor cores
 
     def rows_per_block(self) -> int:
         return self.compute_wgs * ROWS_PER_WG
@@ -81,8 +78,6 @@ class MosaicConfig:
             raise ValueError(f"mosaic cache attention: stages, compute_wgs and num_splits must be >= 1 ({self})")
         if self.accumulate not in ("fresh", "state"):
             raise ValueError(f"mosaic cache attention: accumulate={self.accumulate!r}; choose fresh or state")
-        if self.schedule not in ("pingpong", "pipelined"):
-            raise ValueError(f"mosaic cache attention: schedule={self.schedule!r}; choose pingpong or pipelined")
         if self.smem_bytes(head_dim, itemsize) > SMEM_BYTES:
             raise ValueError(f"mosaic cache attention: {self} needs {self.smem_bytes(head_dim, itemsize)} bytes of "
                              f"shared memory for head_dim {head_dim}; at most {SMEM_BYTES}")
@@ -157,7 +152,7 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
     def key0(i):  # first key of block i
         return jnp.minimum(start + i * bk, last_key0)
 
-    pingpong = C == 2 and cfg.schedule == "pingpong"
+    pingpong = C == 2
 
     def take_turn():
         plgpu.barrier_arrive(turn)
@@ -214,8 +209,6 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
             m_new, alpha, p_half, l = softmax(s, m, l, i, masked)
             if cfg.accumulate == "state":
                 acc = rescale(acc, alpha)
-            if cfg.fence:  # keep the softmax before the hand-over of the tensor cores (jax's FA3 kernel does so)
-                acc, l, m_new, p_half = lax.optimization_barrier((acc, l, m_new, p_half))
             if pingpong:
                 plgpu.barrier_arrive(turn)
             plgpu.barrier_wait(v_ready.at[slot])
@@ -239,65 +232,8 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
             pl.when(refilled(i))(lambda: plgpu.barrier_arrive(v_free.at[slot]))
             return acc, m_new, l
 
-        def pipelined_step(i, carry, masked: bool):
-            """Block i's ``Q K^T`` and block i - 1's ``P V`` in flight together; block i's softmax runs while the
-            tensor cores do that ``P V`` (FlashAttention-3's intra-warpgroup overlap)."""
-            acc, m, l, p_half, alpha = carry
-            slot, prev = lax.rem(i, stages), lax.rem(i - 1, stages)
-            plgpu.barrier_wait(k_ready.at[slot])
-            plgpu.barrier_wait(v_ready.at[prev])
-
-            def both(s_ref, pv_ref):
-                plgpu.wgmma(s_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
-                plgpu.wgmma(pv_ref, p_half, v_smem.at[prev])
-                s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # Q K^T done; P V may still run
-                pl.when(refilled(i))(lambda: plgpu.barrier_arrive(k_free.at[slot]))
-                new = softmax(s, m, l, i, masked)
-                pv = pv_ref[...]
-                pl.when(refilled(i - 1))(lambda: plgpu.barrier_arrive(v_free.at[prev]))
-                return rescale(acc, alpha) + pv, *new
-
-            acc, m_new, alpha_new, p_new, l_new = pl.run_scoped(
-                both, plgpu.ACC((ROWS_PER_WG, bk), jnp.float32), plgpu.ACC(acc.shape, jnp.float32))
-            return acc, m_new, l_new, p_new, alpha_new
-
-        def first_block(_, carry):
-            """Block 0's ``Q K^T`` and softmax (masked: it may be the last); its ``P V`` runs in the next step."""
-            acc, m, l, p_half, alpha = carry
-
-            def qk(s_ref):
-                plgpu.wgmma(s_ref, q_tile, k_smem.at[0].transpose((1, 0)))
-                return s_ref[...]
-
-            s = pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, bk), jnp.float32))
-            pl.when(refilled(0))(lambda: plgpu.barrier_arrive(k_free.at[0]))
-            m, alpha, p_half, l = softmax(s, m, l, 0, True)
-            return acc, m, l, p_half, alpha
-
-        def last_pv(_, carry):
-            """The last block's ``P V`` (its slot is not loaded again)."""
-            acc, m, l, p_half, alpha = carry
-            slot = lax.rem(steps - 1, stages)
-            plgpu.barrier_wait(v_ready.at[slot])
-
-            def pv(pv_ref):
-                plgpu.wgmma(pv_ref, p_half, v_smem.at[slot])
-                return pv_ref[...]
-
-            return rescale(acc, alpha) + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32)), m, l, p_half, alpha
-
-        if cfg.schedule == "pipelined":
-            p0 = _layout_cast(jnp.zeros((ROWS_PER_WG, bk), q_tile.dtype), plgpu.Layout.WGMMA, interpret)
-            alpha0 = _layout_cast(jnp.full((ROWS_PER_WG,), 1.0, jnp.float32), rows_layout, interpret)
-            carry = lax.fori_loop(0, jnp.minimum(steps, 1), first_block, (acc, m, l, p0, alpha0))
-            carry = lax.fori_loop(1, jnp.maximum(steps - 1, 1), functools.partial(pipelined_step, masked=False),
-                                  carry)
-            carry = lax.fori_loop(jnp.maximum(steps - 1, 1), steps, functools.partial(pipelined_step, masked=True),
-                                  carry)
-            acc, m, l, _, _ = lax.fori_loop(0, jnp.minimum(steps, 1), last_pv, carry)
-        else:
-            carry = lax.fori_loop(0, jnp.maximum(steps - 1, 0), functools.partial(step, masked=False), (acc, m, l))
-            acc, m, l = lax.fori_loop(jnp.maximum(steps - 1, 0), steps, functools.partial(step, masked=True), carry)
+        carry = lax.fori_loop(0, jnp.maximum(steps - 1, 0), functools.partial(step, masked=False), (acc, m, l))
+        acc, m, l = lax.fori_loop(jnp.maximum(steps - 1, 0), steps, functools.partial(step, masked=True), carry)
         if pingpong:
             pl.when(wg == 0)(take_turn)
 
@@ -389,20 +325,21 @@ def mosaic_cache_partials(q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B
 
 @functools.partial(jax.jit, static_argnames=("scale", "config", "interpret"))
 def mosaic_cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, *, scale=None,
-                           config: MosaicConfig | None = None, extra=None, interpret: bool = False):
+                           config: MosaicConfig | None = None, tree=None, interpret: bool = False):
     """Every query attends to cache slots ``[0, lengths[b])`` (the contract of
     :func:`pallas.reference.cache_attention_reference`). Returns ``(o_BxMxHxD in q.dtype, lse_BxMxH float32)``.
 
-    config: launch shape (default :func:`default_mosaic_config`). extra: ``(o_BxMxHxD, lse_BxMxH)`` of another,
-    disjoint key set (the tree half), merged with the splits in the same float32 merge.
+    config: launch shape (default :func:`default_mosaic_config`). tree: ``(k_new_BxNxKxD, v_new_BxNxKxD,
+    mask_BxMxN)``: the queries also attend to these new keys under the mask (the tree half, computed in the kernel
+    that merges the splits): the result is hybrid tree attention.
     """
     check_cache_operands("mosaic_cache_attention", q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B)
     B, M, H, D = q_BxMxHxD.shape
     S, K = k_cache_BxSxKxD.shape[1], k_cache_BxSxKxD.shape[2]
     cfg = default_mosaic_config(B, K, M * (H // K), S, D) if config is None else config
+    scale = default_scale(D) if scale is None else float(scale)
     q_BxRxKxD = fold_group(q_BxMxHxD, K, row_multiple=cfg.rows_per_block())
-    o_PxBxRxKxD, lse_PxBxKxR = mosaic_cache_partials(
-        q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, cfg=cfg,
-        scale=default_scale(D) if scale is None else float(scale), interpret=interpret)
-    return merge_folded_splits(o_PxBxRxKxD, jnp.swapaxes(lse_PxBxKxR, 2, 3), M, H, extra=extra,
-                               dtype=q_BxMxHxD.dtype)
+    o_PxBxRxKxD, lse_PxBxKxR = mosaic_cache_partials(q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B,
+                                                     cfg=cfg, scale=scale, interpret=interpret)
+    return merge_folded_splits(o_PxBxRxKxD, lse_PxBxKxR, M, H, dtype=q_BxMxHxD.dtype, scale=scale,
+                               tree=None if tree is None else (q_BxRxKxD, *tree))

@@ -32,7 +32,7 @@ def parse_shapes(text: str) -> list[tuple[str, int, int, int]]:
     return shapes
 
 
-VARIANT_KINDS = ("schedule", "accumulate", "wgs", "stages", "block", "splits")
+VARIANT_KINDS = ("accumulate", "wgs", "stages", "block", "splits")
 
 
 def variants(base, capacity: int, kinds=VARIANT_KINDS) -> list:
@@ -40,10 +40,6 @@ def variants(base, capacity: int, kinds=VARIANT_KINDS) -> list:
     from pallas.mosaic_cache_attention import MosaicConfig
     key_blocks = capacity // base.block_kv
     out = [base]
-    if "schedule" in kinds:
-        pipelined = dataclasses.replace(base, schedule="pipelined", accumulate="fresh")
-        out += [dataclasses.replace(base, fence=True), pipelined]
-        out += [dataclasses.replace(pipelined, stages=st) for st in (2, 4) if st != base.stages]
     if "accumulate" in kinds:
         out.append(dataclasses.replace(base, accumulate="fresh"))
     if "wgs" in kinds:
@@ -110,7 +106,7 @@ def run_sweep_mosaic(args, copy_bw, t_start, timer: OpTimer) -> list:
 def mosaic_markdown(rows: list) -> list[str]:
     lines = ["## Mosaic GPU cache half: launch shapes against cuDNN and the roofline (74 queries, us per call)", ""]
     lines += md_header(["model", "D", "S", "B", "impl", "splits", "block_kv", "stages", "compute wgs",
-                        "accumulate", "schedule", "us", "% of roofline", "roofline us"])
+                        "accumulate", "us", "% of roofline", "roofline us"])
     for r in rows:
         c = r.get("config") or {}
         us = f"{r['us']:.1f}" if "us" in r else r.get("error", "")[:80].replace("|", "/")
@@ -118,11 +114,6 @@ def mosaic_markdown(rows: list) -> list[str]:
         label = r["impl"] + (" (default)" if r.get("default") else "")
         lines.append(md_row([r["model"], r["D"], r["S"], r["B"], label, c.get("num_splits", "-"),
                              c.get("block_kv", "-"), c.get("stages", "-"), c.get("compute_wgs", "-"),
-                             c.get("accumulate", "-"), _schedule(c), us, frac, f"{r['roofline_us']:.1f}"]))
+                             c.get("accumulate", "-"), us, frac, f"{r['roofline_us']:.1f}"]))
     return lines + [""]
 
-
-def _schedule(config: dict) -> str:
-    if not config:
-        return "-"
-    return config.get("schedule", "pingpong") + (" + fence" if config.get("fence") else "")
