@@ -30,7 +30,7 @@ IMPLS = ("auto", "gpu", "pallas", "cudnn", "mosaic", "xla", "naive")
 CUDNN_MIN_ROWS = 64
 # "mosaic" takes the Mosaic GPU cache half from this many rows on (one compute warpgroup's), the Pallas one below.
 MOSAIC_MIN_ROWS = 64
-# The split cache halves, which compute the tree half (``tree=``) in the kernel that merges their splits.
+# The split cache halves, which merge the tree half (``extra=``) with their splits in one float32 merge.
 MERGING_CACHE_HALVES = (cudnn_cache_attention, mosaic_cache_attention)
 
 __all__ = ["cache_attention_reference", "masked_attention_reference", "cache_attention_blockwise",
@@ -187,10 +187,10 @@ def _hybrid_tree_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_le
         return naive_tree_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B,
                                     k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, scale)
     cache_half = _cache_half(impl, q_BxMxHxD, k_cache_BxSxKxD)
+    o_new, lse_new = _tree_half(impl)(q_BxMxHxD, k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, scale=scale)
     if getattr(cache_half, "func", cache_half) in MERGING_CACHE_HALVES:
         return cache_half(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B, scale=scale,
-                          tree=(k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN))
-    o_new, lse_new = _tree_half(impl)(q_BxMxHxD, k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN, scale=scale)
+                          extra=(o_new, lse_new))
     o_cache, lse_cache = cache_half(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cache_len_B, scale=scale)
     return merge_attention(o_cache, lse_cache, o_new, lse_new)
 

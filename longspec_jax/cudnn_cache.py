@@ -95,15 +95,15 @@ def repeat_per_chunk(q_BxTxKxD, splits: int):
 
 @functools.partial(jax.jit, static_argnames=("scale", "num_splits", "chunk_attention"))
 def cudnn_cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, *, scale=None,
-                          num_splits: int | None = None, chunk_attention=cudnn_chunk_attention, tree=None):
+                          num_splits: int | None = None, chunk_attention=cudnn_chunk_attention, extra=None):
     """Every query attends to cache slots ``[0, lengths[b])`` (the contract of
     :func:`pallas.reference.cache_attention_reference`). Returns ``(o_BxMxHxD in q.dtype, lse_BxMxH float32)``.
 
     num_splits: chunks of the cache (must divide S; default :func:`default_num_splits`).
     chunk_attention: the per-chunk flash kernel, ``(q [N,T,K,D], k [N,C,K,D], v, lengths [N], scale) ->
       (o [N,T,K,D], lse [N,T,K] float32)``.
-    tree: ``(k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN)``: the queries also attend to these new keys under the mask
-      (the tree half, computed in the kernel that merges the chunks): the result is hybrid tree attention.
+    extra: ``(o_BxMxHxD, lse_BxMxH)`` of another, disjoint key set (e.g. the tree half), merged in the same
+      float32 merge as the chunks: the result is then attention over the cache and that set.
     """
     check_cache_operands("cudnn_cache_attention", q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B)
     B, M, H, D = q_BxMxHxD.shape
@@ -115,19 +115,17 @@ def cudnn_cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B
     chunk = S // splits
     scale = default_scale(D) if scale is None else scale
 
-    q_BxTxKxD = fold_group(q_BxMxHxD, K)
+    q_NxTxKxD = repeat_per_chunk(fold_group(q_BxMxHxD, K), splits)
     k_NxCxKxD = k_cache_BxSxKxD.reshape(B * splits, chunk, K, D)
     v_NxCxKxD = v_cache_BxSxKxD.reshape(B * splits, chunk, K, D)
     starts = jnp.arange(splits, dtype=jnp.int32) * chunk
     chunk_len_BxP = jnp.clip(lengths_B.astype(jnp.int32)[:, None] - starts[None, :], 0, chunk)
 
-    o_NxTxKxD, lse_NxTxK = chunk_attention(repeat_per_chunk(q_BxTxKxD, splits), k_NxCxKxD, v_NxCxKxD,
-                                           chunk_len_BxP.reshape(-1), scale)
+    o_NxTxKxD, lse_NxTxK = chunk_attention(q_NxTxKxD, k_NxCxKxD, v_NxCxKxD, chunk_len_BxP.reshape(-1), scale)
 
-    # chunks past the valid length are undefined: LSE -inf gives them weight 0 in the merge
-    has_keys_BxP = chunk_len_BxP > 0
-    lse_BxPxTxK = jnp.where(has_keys_BxP[:, :, None, None], lse_NxTxK.reshape(B, splits, M * G, K), -jnp.inf)
+    has_keys = (chunk_len_BxP > 0).reshape(B * splits, 1, 1)
+    lse_NxTxK = jnp.where(has_keys, lse_NxTxK.astype(jnp.float32), -jnp.inf)
+    o_NxTxKxD = jnp.where(has_keys[..., None], o_NxTxKxD, 0)
     o_PxBxTxKxD = o_NxTxKxD.reshape(B, splits, M * G, K, D).swapaxes(0, 1)
-    lse_PxBxKxT = lse_BxPxTxK.transpose(1, 0, 3, 2).astype(jnp.float32)
-    return merge_folded_splits(o_PxBxTxKxD, lse_PxBxKxT, M, H, dtype=q_BxMxHxD.dtype, scale=scale,
-                               tree=None if tree is None else (q_BxTxKxD, *tree))
+    lse_PxBxTxK = lse_NxTxK.reshape(B, splits, M * G, K).swapaxes(0, 1)
+    return merge_folded_splits(o_PxBxTxKxD, lse_PxBxTxK, M, H, extra=extra, dtype=q_BxMxHxD.dtype)

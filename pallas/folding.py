@@ -3,9 +3,8 @@ the per-split partial results of those rows are merged back into ``[B, M, H, ...
 
 Row ``m * G + g`` of kv head ``k`` is query ``m`` of head ``k * G + g`` (G = H / K), so one pass over a kv head's
 keys serves its whole group. Both cache halves that run on the folded problem (jax's cuDNN flash attention,
-``longspec_jax.cudnn_cache``; the Mosaic GPU kernel, ``pallas.mosaic_cache_attention``) merge their splits here in
-one float32 merge: with the tree half computed in the merging kernel (:func:`pallas.tree_attention.
-tree_attention_merged`) when there is one, else in jnp (:func:`pallas.reference.merge_partials`).
+``longspec_jax.cudnn_cache``; the Mosaic GPU kernel, ``pallas.mosaic_cache_attention``) merge their splits, and
+the tree half when given, here in one float32 merge (:func:`pallas.reference.merge_partials`).
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import jax.numpy as jnp
 
 from pallas.reference import merge_partials
 from pallas.sizes import round_up
-from pallas.tree_attention import tree_attention_merged
 
 __all__ = ["fold_group", "merge_folded_splits"]
 
@@ -29,27 +27,18 @@ def fold_group(q_BxMxHxD, kv_heads: int, row_multiple: int = 1):
     return jnp.pad(folded, ((0, 0), (0, pad), (0, 0), (0, 0))) if pad else folded
 
 
-def merge_folded_splits(o_parts_PxBxRxKxD, lse_parts_PxBxKxR, num_queries: int, num_heads: int, *, dtype,
-                        tree=None, scale=None):
-    """Exact float32 merge of P partial results of the folded rows over disjoint key sets (the cache half's splits;
-    an empty split has LSE ``-inf``, whatever its output holds), unfolded to ``[B, M, H, ...]``; rows past
-    ``num_queries * G`` are dropped.
-
-    tree: ``(q_BxRxKxD folded, k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN)``: the tree half (the new keys under the
-    mask, softmax ``scale``) is computed and merged in the same kernel (:func:`pallas.tree_attention.
-    tree_attention_merged`). Returns ``(o_BxMxHxD in dtype, lse_BxMxH float32)``.
-    """
-    _, B, _, K, D = o_parts_PxBxRxKxD.shape
+def merge_folded_splits(o_PxBxTxKxD, lse_PxBxTxK, num_queries: int, num_heads: int, extra=None, dtype=None):
+    """Exact float32 merge of P splits of the folded rows (rows past ``num_queries * G`` are dropped; an empty
+    split has LSE ``-inf``), plus ``extra = (o_BxMxHxD, lse_BxMxH)`` of another, disjoint key set when given.
+    Returns ``(o_BxMxHxD in dtype (default o's), lse_BxMxH float32)``."""
+    _, B, _, K, D = o_PxBxTxKxD.shape
     M, G = num_queries, num_heads // K
-    if tree is None:
-        o_BxTxKxD, lse_BxTxK = merge_partials(o_parts_PxBxRxKxD[:, :, :M * G],
-                                              jnp.swapaxes(lse_parts_PxBxKxR, 2, 3)[:, :, :M * G])
-        lse_BxKxT = jnp.swapaxes(lse_BxTxK, 1, 2)
-    else:
-        q_BxRxKxD, k_new_BxNxKxD, v_new_BxNxKxD, mask_BxMxN = tree
-        o_BxTxKxD, lse_BxKxT = tree_attention_merged(q_BxRxKxD, k_new_BxNxKxD, v_new_BxNxKxD,
-                                                     jnp.repeat(mask_BxMxN, G, axis=1), o_parts_PxBxRxKxD,
-                                                     lse_parts_PxBxKxR, rows=M * G, scale=scale)
-    o_BxMxHxD = o_BxTxKxD.reshape(B, M, G, K, D).swapaxes(2, 3).reshape(B, M, num_heads, D)
-    lse_BxMxH = lse_BxKxT.reshape(B, K, M, G).transpose(0, 2, 1, 3).reshape(B, M, num_heads)
-    return o_BxMxHxD.astype(dtype), lse_BxMxH
+    o_PxBxTxKxD, lse_PxBxTxK = o_PxBxTxKxD[:, :, :M * G], lse_PxBxTxK[:, :, :M * G]
+    if extra is not None:
+        o_extra, lse_extra = fold_group(extra[0], K), fold_group(extra[1][..., None], K)[..., 0]
+        o_PxBxTxKxD = jnp.concatenate([o_PxBxTxKxD, o_extra[None].astype(o_PxBxTxKxD.dtype)])
+        lse_PxBxTxK = jnp.concatenate([lse_PxBxTxK, lse_extra[None].astype(jnp.float32)])
+    o, lse = merge_partials(o_PxBxTxKxD, lse_PxBxTxK.astype(jnp.float32))  # [B, T, K, D], [B, T, K]
+    o_BxMxHxD = o.reshape(B, M, G, K, D).swapaxes(2, 3).reshape(B, M, num_heads, D)
+    lse_BxMxH = lse.reshape(B, M, G, K).swapaxes(2, 3).reshape(B, M, num_heads)
+    return o_BxMxHxD.astype(o_PxBxTxKxD.dtype if dtype is None else dtype), lse_BxMxH

@@ -178,22 +178,6 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
         if pingpong:
             pl.when(wg == 1)(take_turn)
 
-        def softmax(s, m, l, i, masked: bool):
-            """Online softmax of block i's scores: (new max, rescale of the old state, P in q's dtype, new sum)."""
-            if masked:  # the last block: keys before start + i * bk were seen by block i - 1, keys >= end are not ours
-                key = key0(i) + _column_iota((ROWS_PER_WG, bk), interpret)
-                s = jnp.where((key >= start + i * bk) & (key < end), s, -jnp.inf)
-            m_new = jnp.maximum(m, s.max(axis=1) * scale2)  # base-2 units, scaled
-            alpha = jnp.exp2(m - m_new)
-            p = jnp.exp2(s * scale2 - lax.broadcast_in_dim(m_new, s.shape, [0]))
-            return m_new, alpha, p.astype(q_tile.dtype), l * alpha + p.sum(axis=1)
-
-        def rescale(acc, alpha):
-            return acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-
-        def refilled(i):  # the memory warpgroup waits for block i's slot only if it loads that slot again
-            return i + stages < steps
-
         def step(i, carry, masked: bool):
             acc, m, l = carry
             slot = lax.rem(i, stages)
@@ -205,10 +189,19 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
                 return s_ref[...]
 
             s = pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, bk), jnp.float32))
-            pl.when(refilled(i))(lambda: plgpu.barrier_arrive(k_free.at[slot]))
-            m_new, alpha, p_half, l = softmax(s, m, l, i, masked)
+            refilled = i + stages < steps  # the memory warpgroup waits for this slot only if it loads it again
+            pl.when(refilled)(lambda: plgpu.barrier_arrive(k_free.at[slot]))
+            if masked:  # the last block: keys before start + i * bk were seen by block i - 1, keys >= end are not ours
+                key = key0(i) + _column_iota((ROWS_PER_WG, bk), interpret)
+                s = jnp.where((key >= start + i * bk) & (key < end), s, -jnp.inf)
+            m_new = jnp.maximum(m, s.max(axis=1) * scale2)  # base-2 units, scaled
+            alpha = jnp.exp2(m - m_new)
+            p = jnp.exp2(s * scale2 - lax.broadcast_in_dim(m_new, s.shape, [0]))
+            l = l * alpha + p.sum(axis=1)
+            p_half = p.astype(q_tile.dtype)
+            alpha_acc = lax.broadcast_in_dim(alpha, acc.shape, [0])
             if cfg.accumulate == "state":
-                acc = rescale(acc, alpha)
+                acc = acc * alpha_acc
             if pingpong:
                 plgpu.barrier_arrive(turn)
             plgpu.barrier_wait(v_ready.at[slot])
@@ -228,8 +221,8 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
             if cfg.accumulate == "state":  # P V accumulates into acc's registers
                 acc = pl.run_state(pv)(plgpu.ACC.init(acc))
             else:  # P V into a fresh accumulator, rescale and add in one FMA (jax's interpreter lacks run_state)
-                acc = rescale(acc, alpha) + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
-            pl.when(refilled(i))(lambda: plgpu.barrier_arrive(v_free.at[slot]))
+                acc = acc * alpha_acc + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
+            pl.when(refilled)(lambda: plgpu.barrier_arrive(v_free.at[slot]))
             return acc, m_new, l
 
         carry = lax.fori_loop(0, jnp.maximum(steps - 1, 0), functools.partial(step, masked=False), (acc, m, l))
@@ -325,21 +318,20 @@ def mosaic_cache_partials(q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B
 
 @functools.partial(jax.jit, static_argnames=("scale", "config", "interpret"))
 def mosaic_cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, *, scale=None,
-                           config: MosaicConfig | None = None, tree=None, interpret: bool = False):
+                           config: MosaicConfig | None = None, extra=None, interpret: bool = False):
     """Every query attends to cache slots ``[0, lengths[b])`` (the contract of
     :func:`pallas.reference.cache_attention_reference`). Returns ``(o_BxMxHxD in q.dtype, lse_BxMxH float32)``.
 
-    config: launch shape (default :func:`default_mosaic_config`). tree: ``(k_new_BxNxKxD, v_new_BxNxKxD,
-    mask_BxMxN)``: the queries also attend to these new keys under the mask (the tree half, computed in the kernel
-    that merges the splits): the result is hybrid tree attention.
+    config: launch shape (default :func:`default_mosaic_config`). extra: ``(o_BxMxHxD, lse_BxMxH)`` of another,
+    disjoint key set (the tree half), merged with the splits in the same float32 merge.
     """
     check_cache_operands("mosaic_cache_attention", q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B)
     B, M, H, D = q_BxMxHxD.shape
     S, K = k_cache_BxSxKxD.shape[1], k_cache_BxSxKxD.shape[2]
     cfg = default_mosaic_config(B, K, M * (H // K), S, D) if config is None else config
-    scale = default_scale(D) if scale is None else float(scale)
     q_BxRxKxD = fold_group(q_BxMxHxD, K, row_multiple=cfg.rows_per_block())
-    o_PxBxRxKxD, lse_PxBxKxR = mosaic_cache_partials(q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B,
-                                                     cfg=cfg, scale=scale, interpret=interpret)
-    return merge_folded_splits(o_PxBxRxKxD, lse_PxBxKxR, M, H, dtype=q_BxMxHxD.dtype, scale=scale,
-                               tree=None if tree is None else (q_BxRxKxD, *tree))
+    o_PxBxRxKxD, lse_PxBxKxR = mosaic_cache_partials(
+        q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, cfg=cfg,
+        scale=default_scale(D) if scale is None else float(scale), interpret=interpret)
+    return merge_folded_splits(o_PxBxRxKxD, jnp.swapaxes(lse_PxBxKxR, 2, 3), M, H, extra=extra,
+                               dtype=q_BxMxHxD.dtype)

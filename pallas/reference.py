@@ -58,16 +58,14 @@ def cache_attention_reference(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengt
 
 def merge_partials(o_Px, lse_Px):
     """Exact softmax over the union of P disjoint key sets, from each set's normalised output ``o_Px [P, ..., D]``
-    and float32 LSE ``lse_Px [P, ...]`` (an empty set has LSE ``-inf`` and weight 0, whatever its output holds).
-    Returns float32 ``(o [..., D], lse [...])``. The LSE merge of the project in jnp (splits of the cache half,
-    cache + tree halves); :func:`pallas.tree_attention.tree_attention_merged` does the same inside its kernel.
+    and float32 LSE ``lse_Px [P, ...]`` (an empty set has LSE ``-inf`` and weight 0). Returns float32
+    ``(o [..., D], lse [...])``; the one LSE merge of the project (splits of the cache half, cache + tree halves).
     """
     m = jnp.max(lse_Px, axis=0)
     m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
     w = jnp.exp(lse_Px - m_safe[None])  # -inf -> 0
     denom = jnp.sum(w, axis=0)
     safe = jnp.where(denom > 0, denom, 1.0)
-    weighted = jnp.where(w[..., None] > 0, w[..., None] * o_Px.astype(jnp.float32), 0.0)
-    o = jnp.sum(weighted, axis=0) / safe[..., None]
+    o = jnp.sum(w[..., None] * o_Px.astype(jnp.float32), axis=0) / safe[..., None]
     lse = jnp.where(denom > 0, m_safe + jnp.log(safe), -jnp.inf)
     return o, lse

@@ -88,3 +88,25 @@ def test_bench_attention_smoke(tmp_path):
     assert saved["table"][0]["us"].keys() == row["us"].keys()
     md = (tmp_path / "bench_attention.md").read_text()
     assert "| llama3-8b | 1 | 256 |" in md and "| K/V fits L2 |" in md and "| 1 (default) |" in md
+
+
+def test_mosaic_variants_are_the_asked_one_step_changes():
+    """``--mosaic-variants``: the default config first, then one-step changes of the kinds asked for only."""
+    import argparse
+    import dataclasses
+
+    from infer.bench.attention_mosaic import VARIANT_KINDS, variants
+    from pallas.mosaic_cache_attention import MosaicConfig
+
+    base = MosaicConfig(num_splits=12, stages=3)
+    every = variants(base, 16384)
+    assert every[0] == base and len(set(every)) == len(every)
+    changed = lambda c: {f.name for f in dataclasses.fields(c) if getattr(c, f.name) != getattr(base, f.name)}
+    assert all(len(changed(c)) == 1 or changed(c) == {"block_kv", "stages"} for c in every[1:])
+    assert variants(base, 16384, ()) == [base]
+    splits_only = variants(base, 16384, ("splits",))
+    assert splits_only[1:] and all(changed(c) == {"num_splits"} for c in splits_only[1:])
+    assert attention.variant_kinds_arg("none") == () and attention.variant_kinds_arg("wgs,splits") == ("wgs", "splits")
+    assert attention.variant_kinds_arg(",".join(VARIANT_KINDS)) == VARIANT_KINDS
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown variant kind"):
+        attention.variant_kinds_arg("schedule")

@@ -53,3 +53,17 @@ def test_profile_smoke(tmp_path):
     assert "| verify |" in text and "| tree_level2 |" in text and "| tree_level3 |" not in text
     report = json.loads((tmp_path / "random" / "bench_profile.json").read_text())
     assert report["tree_shape"] == [2, 2] and report["temperature"] == 1.0
+
+
+def test_profile_args_carry_what_the_padded_pair_loader_reads(monkeypatch):
+    """``profile --model padded`` hands its parsed args to ``spec.load_pair``, which reads the attention impl among
+    others (it once failed on the H200 with an AttributeError: only ``spec`` defined ``--attention``)."""
+    from infer.bench import profile, spec
+
+    monkeypatch.setattr(spec, "build_padded_pair", lambda fixture, pad, work: ("target-dir", "draft-dir"))
+    monkeypatch.setattr("longspec_jax.load_target", lambda path, dtype: type("T", (), {"tokenizer": None})())
+    monkeypatch.setattr("longspec_jax.load_draft", lambda path, target: "draft")
+    monkeypatch.setattr(spec, "dev_prompt_tokens", lambda tokenizer, count: [0] * count)
+    common = ["--out", "unused", "--fixture", "F", "--pad-script", "P", "--contexts", "64"]
+    assert spec.load_pair(profile.parse_args(common))[3] == "auto"
+    assert spec.load_pair(profile.parse_args(common + ["--attention", "mosaic"]))[3] == "mosaic"

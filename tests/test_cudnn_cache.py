@@ -69,16 +69,16 @@ def test_cudnn_cache_matches_reference(case):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_tree_half_merged_with_the_chunks_is_hybrid_attention(dtype):
-    """With ``tree=`` the new keys are attended under the mask in the kernel that merges the chunks (a chunk with
-    no keys, a row that sees no new key, GQA): the result is hybrid tree attention."""
+def test_extra_partial_merged_with_the_chunks_is_hybrid_attention(dtype):
+    """The tree half passed as ``extra`` goes into the chunks' one float32 merge: cache half + tree half."""
     B, M, S, H, K, D = 2, 6, 256, 8, 2, 64
     q, k, v, lens = _inputs(B, M, S, H, K, D, dtype, [200, 0])
     k_new, v_new = k[:, -M:], v[:, -M:]
-    mask = jnp.asarray(np.tril(np.ones((M, M), bool)))[None].repeat(B, 0).at[1, 2].set(False)
+    mask = jnp.asarray(np.tril(np.ones((M, M), bool)))[None].repeat(B, 0)
+    tree = attention.masked_attention_reference(q, k_new, v_new, mask)
     o, lse = cudnn_cache_attention(q, k, v, lens, num_splits=4, chunk_attention=reference_chunk_attention,
-                                   tree=(k_new, v_new, mask))
-    assert o.shape == q.shape and o.dtype == q.dtype and lse.shape == (B, M, H)
+                                   extra=tree)
+    assert o.dtype == q.dtype and lse.shape == (B, M, H)
     ref_o, ref_lse = attention.naive_tree_attention(q, k, v, lens, k_new, v_new, mask)
     _assert_close(o, lse, ref_o, ref_lse, dtype)
 

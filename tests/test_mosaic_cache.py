@@ -100,8 +100,8 @@ def test_kernel_in_the_interpreter_matches_reference(name):
 
 
 def test_hybrid_mosaic_impl_equals_naive_in_the_interpreter():
-    """impl="mosaic" off a GPU: the Mosaic cache half in the interpreter, its splits merged with the tree half in
-    one kernel, is hybrid tree attention."""
+    """impl="mosaic" off a GPU: the Mosaic cache half in the interpreter, merged with the tree half in one float32
+    merge, is hybrid tree attention."""
     B, M, S, H, K, D = 2, 16, 128, 4, 1, 64
     q, k, v, k_bad, v_bad, lens = _inputs(B, M, S, H, K, D, [70, 128], 128, tag="hybrid")
     rng = np.random.default_rng(1)
@@ -194,10 +194,9 @@ def test_compiled_kernel_on_gpu_matches_float32_reference(name):
         cfg = dataclasses.replace(cfg, **change)
     _check_partials(B, M, S, H, K, D, lengths, cfg, interpret=False)
     q, k, v, k_bad, v_bad, lens = _inputs(B, M, S, H, K, D, lengths, cfg.block_kv)
-    k_new, v_new = k[:, :M], v[:, :M]
-    mask = jnp.asarray(np.random.default_rng(M).random((B, M, M)) < 0.3) | jnp.eye(M, dtype=bool)
-    o, lse = mosaic_cache_attention(q, k_bad, v_bad, lens, config=cfg, tree=(k_new, v_new, mask))
+    extra = masked_attention_reference(q, k[:, :M], v[:, :M], jnp.ones((B, M, M), bool))
+    o, lse = mosaic_cache_attention(q, k_bad, v_bad, lens, config=cfg, extra=extra)
     with jax.default_matmul_precision("highest"):
-        ref_o, ref_lse = attention.naive_tree_attention(_f32(q), _f32(k), _f32(v), lens, _f32(k_new), _f32(v_new),
-                                                        mask)
+        ref = cache_attention_reference(_f32(q), _f32(k), _f32(v), lens)
+        ref_o, ref_lse = attention.merge_attention(ref[0], ref[1], _f32(extra[0]), extra[1])
     _assert_close(o, lse, ref_o, ref_lse)

@@ -18,8 +18,6 @@ from jax.experimental import pallas as pl
 
 from pallas import (cache_attention, cache_attention_partials, cache_attention_reference,
                     masked_attention_reference, resolve_backend, tree_attention)
-from pallas.folding import fold_group
-from pallas.tree_attention import tree_attention_merged
 
 TOL = {jnp.float32: 2e-5, jnp.bfloat16: 1.5e-2}
 LSE_TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-3}
@@ -137,46 +135,6 @@ def test_tree_attention_matches_reference(case):
     _assert_close(o, lse, ref_o, ref_lse, case[6])
     if case[7] == "verify" and case[1] > 1:
         assert np.isneginf(np.asarray(lse)[:, -1]).all()  # the padding rows
-
-
-def _merged_inputs(rng, B, M, S, H, K, D, dtype, parts: int, row_pad: int):
-    """Inputs of ``tree_attention_merged`` (folded queries with ``row_pad`` extra rows, a tree mask with rows that
-    see nothing, the cache half's partials over ``parts`` chunks of S keys, an empty chunk's output poisoned with
-    NaN) and the reference: one softmax over the valid cache and the allowed new keys, folded."""
-    G = H // K
-    q = _normal(rng, (B, M, H, D), dtype)
-    k_cache, v_cache = _normal(rng, (B, S, K, D), dtype), _normal(rng, (B, S, K, D), dtype)
-    k_new, v_new = _normal(rng, (B, M, K, D), dtype), _normal(rng, (B, M, K, D), dtype)
-    mask = rng.random((B, M, M)) < 0.4
-    mask[:, rng.integers(0, M)] = False
-    lengths = jnp.asarray([S] + [S // 3 - 5] * (B - 1), jnp.int32)
-    q_rows = fold_group(q, K, row_multiple=M * G + row_pad)
-    chunk = -(-S // parts)
-    o_parts, lse_parts = [], []
-    for p in range(parts):
-        keys = slice(p * chunk, min((p + 1) * chunk, S))
-        n = jnp.clip(lengths - p * chunk, 0, keys.stop - keys.start)
-        o, lse = cache_attention_reference(q_rows, k_cache[:, keys], v_cache[:, keys], n)
-        o_parts.append(jnp.where(jnp.isneginf(lse)[..., None], jnp.nan, o).astype(dtype))
-        lse_parts.append(jnp.swapaxes(lse, 1, 2))
-    args = (q_rows, k_new, v_new, jnp.repeat(jnp.asarray(mask), G, axis=1), jnp.stack(o_parts), jnp.stack(lse_parts))
-    from longspec_jax.attention import naive_tree_attention
-    ref_o, ref_lse = naive_tree_attention(q, k_cache, v_cache, lengths, k_new, v_new, jnp.asarray(mask))
-    return args, fold_group(ref_o, K), fold_group(ref_lse[..., None], K)[..., 0]  # [B, rows, K, D], [B, rows, K]
-
-
-@pytest.mark.parametrize("case", [(2, 7, 96, 8, 2, 64, jnp.float32, 3, 16), (1, 20, 128, 28, 4, 48, jnp.bfloat16, 5, 0),
-                                  (2, 5, 64, 4, 4, 32, jnp.bfloat16, 1, 3)],
-                         ids=lambda c: f"B{c[0]}M{c[1]}S{c[2]}H{c[3]}K{c[4]}D{c[5]}-{jnp.dtype(c[6]).name}-P{c[7]}")
-def test_tree_attention_merged_is_hybrid_attention(case):
-    """The tree half of folded rows merged in its kernel with the cache half's splits (an empty split with a NaN
-    output, padding rows, rows that see no new key, GQA and MHA, head_dim not a power of two) equals one softmax
-    over the valid cache and the allowed new keys."""
-    B, M, S, H, K, D, dtype, parts, row_pad = case
-    args, ref_o, ref_lse = _merged_inputs(_rng("merged", *case), *case)
-    o, lse = tree_attention_merged(*args, rows=M * (H // K))
-    assert o.shape == (B, M * (H // K), K, D) and o.dtype == dtype and lse.shape == (B, K, M * (H // K))
-    _assert_close(o, jnp.swapaxes(lse, 1, 2), ref_o, ref_lse, dtype)
 
 
 def test_tree_attention_small_tiles_and_scale():
@@ -314,12 +272,6 @@ def test_kernels_lower_to_triton_ir(case):
     assert 'name = "cache_attention_combine"' in text
     text = _triton_lowering_text(lambda *a: tree_attention(*a, backend="triton"), q, new, new, mask)
     assert "xla.gpu.triton" in text and 'name = "tree_attention"' in text
-    G, parts = H // K, 12
-    rows, parts_o, parts_lse = sds((B, M * G + 7, K, D), dtype), sds((parts, B, M * G, K, D), dtype), sds(
-        (parts, B, K, M * G), jnp.float32)
-    text = _triton_lowering_text(lambda *a: tree_attention_merged(*a, rows=M * G, backend="triton"), rows, new, new,
-                                 sds((B, M * G, M), jnp.bool_), parts_o, parts_lse)
-    assert 'name = "tree_attention_merged"' in text
 
 
 # ------------------------------------------------------------------------------------------------ GPU only
@@ -356,8 +308,6 @@ def test_kernels_on_gpu(M, heads, dtype):
     ("cache", 1, 512, 8192, 32, 8, 128),   # chunked prefill
     ("cache", 2, 74, 4000, 28, 4, 64),     # capacity not a multiple of the key tile, GQA 7, head_dim 64
     ("hybrid", 2, 74, 16384, 32, 8, 128),  # both Pallas halves, merged, against one naive softmax
-    ("merged", 1, 69, 16384, 72, 18, 64),  # the padded pair's verification: tree half + 12 splits in one kernel
-    ("merged", 2, 74, 4096, 32, 8, 128),   # Llama-3-8B heads, 3 splits
 ], ids=lambda c: "-".join(map(str, c)))
 def test_kernels_on_gpu_more_shapes(case):
     """The shapes the attention benchmark used to check on the GPU beyond ``test_kernels_on_gpu``."""
@@ -376,10 +326,6 @@ def test_kernels_on_gpu_more_shapes(case):
         lengths = jnp.asarray([S] + [S // 3 - 7] * (B - 1), jnp.int32)
         o, lse = cache_attention(q, k, v, lengths, backend="triton")
         ref_o, ref_lse = cache_attention_reference(q, k, v, lengths)
-    elif kind == "merged":
-        args, ref_o, ref_lse = _merged_inputs(rng, B, M, S, H, K, D, dtype, 12 if D == 64 else 3, 13)
-        o, lse = tree_attention_merged(*args, rows=M * (H // K), backend="triton")
-        lse = jnp.swapaxes(lse, 1, 2)
     else:
         from longspec_jax.attention import hybrid_tree_attention
         mask = jnp.asarray(np.stack([verification_mask(rng, 5, M - 10, 5) for _ in range(B)]))

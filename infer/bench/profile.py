@@ -153,7 +153,7 @@ def markdown(results: dict, top: int = 12) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     p = arg_parser("profile", __doc__, "tiny random pair on the CPU (CPU ops instead of GPU kernels)")
     p.add_argument("--model", default="padded", choices=("padded", "llama3-8b"),
                    help="padded: the fixture pair padded to 8B cost; llama3-8b: random weights of Llama-3-8B shapes")
@@ -174,6 +174,11 @@ def main(argv=None) -> int:
     args.stable_search, args.batch = 0, 1  # spec.load_pair reads these: prompt offset 0, one sequence
     if args.model == "padded" and not args.smoke and not (args.fixture and args.pad_script):
         p.error("--fixture and --pad-script are required with --model padded (or --smoke)")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     results = run(args)
     md = markdown(results)
     write_report(args.out, "bench_profile", results, md)
