@@ -30,10 +30,12 @@ def test_busy_merges_overlaps():
     assert trace.busy_ns(events) == 20.0
 
 
-def test_profile_loop_attributes_time():
+def test_profile_loop_attributes_time(tmp_path):
     x = jnp.ones((256, 256)) / 256
-    summary, carry = trace.profile_loop(lambda c: _outer(c) / 1e3, x, (), reps=3)
+    hlo = tmp_path / "loop.hlo.txt"
+    summary, carry = trace.profile_loop(lambda c: _outer(c) / 1e3, x, (), reps=3, hlo_path=str(hlo))
     assert carry.shape == x.shape
+    assert hlo.read_text().startswith("HloModule") and "_inner_matmul" in hlo.read_text()  # the compiled module
     assert summary["reps"] == 3 and summary["launches"] > 0 and summary["wall_us"] > 0
     assert summary["kernel_sum_us"] > 0 and 0 < summary["busy_us"] <= summary["kernel_sum_us"] + 1e-6
     assert any("_inner_matmul" in row["what"] for row in summary["by_source"]), summary["by_source"]
@@ -43,7 +45,8 @@ def test_profile_loop_attributes_time():
 def test_profile_smoke(tmp_path):
     from infer.bench.profile import main
 
-    assert main(["--out", str(tmp_path), "--smoke"]) == 0
+    assert main(["--out", str(tmp_path), "--smoke", "--hlo"]) == 0
+    assert (tmp_path / "hlo" / "40" / "default_verify.hlo.txt").read_text().startswith("HloModule")
     text = (tmp_path / "bench_profile.md").read_text()
     for phase in ("plain", "draft_step0", "tree_level2", "verify", "round"):
         assert f"| {phase} |" in text

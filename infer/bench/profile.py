@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import os
 import time
 
 import jax
@@ -66,8 +67,10 @@ def phase_steps(settings, stop):
                 verify=verify_step, round=round_step)
 
 
-def profile_context(settings, stop, tparams, weights, tokens, lengths, reps: int, options: dict) -> dict:
-    """Every phase under every compiler-option variant; the carries are rebuilt from the post-prefill state."""
+def profile_context(settings, stop, tparams, weights, tokens, lengths, reps: int, options: dict,
+                    hlo_dir: str | None = None) -> dict:
+    """Every phase under every compiler-option variant; the carries are rebuilt from the post-prefill state.
+    ``hlo_dir``: each phase's compiled module is written there too, as ``VARIANT_PHASE.hlo.txt``."""
     start = jax.jit(lambda p, d, t, l, k: speculative_start(settings, p, d, t, l, stop, k))
     steps = phase_steps(settings, stop)
     spec, ds = settings.tree, settings.draft
@@ -94,7 +97,8 @@ def profile_context(settings, stop, tparams, weights, tokens, lengths, reps: int
             carry, consts = plans[name]()
             t0 = time.perf_counter()
             try:
-                rows[name], carry = profile_loop(step, carry, consts, reps, opts)
+                hlo_path = os.path.join(hlo_dir, f"{variant}_{name}.hlo.txt") if hlo_dir else None
+                rows[name], carry = profile_loop(step, carry, consts, reps, opts, hlo_path)
             except Exception as e:  # noqa: BLE001
                 rows[name] = dict(error=f"{type(e).__name__}: {e}"[:800])
                 log(f"{variant} {name}: {rows[name]['error']}")
@@ -131,8 +135,11 @@ def run(args) -> dict:
         settings = plan_speculative(target, draft, ctx, args.new_tokens, SamplingConfig(args.temperature), args.tree,
                                     512, impl, args.draft_sampling)
         tokens, lengths = pad_prompts([np.asarray(stream[:ctx], np.int32)], settings.base.prompt_len)
+        hlo_dir = os.path.join(args.out, "hlo", str(ctx)) if args.hlo else None
+        if hlo_dir:
+            os.makedirs(hlo_dir, exist_ok=True)
         results["contexts"][ctx] = profile_context(settings, stop, target.params, draft.weights, tokens, lengths,
-                                                   args.reps, args.options)
+                                                   args.reps, args.options, hlo_dir)
         write_report(args.out, "bench_profile", results, markdown(results))
     return results
 
@@ -165,6 +172,8 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=None, help="steps per profiled call (default 20; --smoke: 2)")
     p.add_argument("--options", default="{}", help='JSON {variant: {xla option: value}} added to the default, '
                                                    'e.g. \'{"no_cmd_buffers": {"xla_gpu_enable_command_buffer": ""}}\'')
+    p.add_argument("--hlo", action="store_true",
+                   help="also write each phase's compiled HLO module (what every kernel computes) under OUT/hlo/CONTEXT/")
     add_round_args(p)
     args = p.parse_args(argv)
     check_round_args(p, args)

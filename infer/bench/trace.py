@@ -128,11 +128,16 @@ def summarize(events: list[dict], sources: dict[str, str], reps: int, wall_s: fl
                 by_source=rows(by_source), by_kernel=rows(by_kernel))
 
 
-def profile_loop(step, carry, consts: tuple, reps: int, compiler_options: dict | None = None):
+def profile_loop(step, carry, consts: tuple, reps: int, compiler_options: dict | None = None,
+                 hlo_path: str | None = None):
     """Compiles the in-loop timing of ``step``, runs it once untraced (warm-up) and once traced; returns the
-    :func:`summarize` dict (wall = the traced call) and the final carry."""
+    :func:`summarize` dict (wall = the traced call) and the final carry. ``hlo_path``: where to write the compiled
+    module's text too (its fusions' bodies name what each kernel of the summary computes)."""
     runner = jax.jit(lambda c, *k: jax.lax.fori_loop(0, reps, lambda i, x: step(x, *k), c), donate_argnums=0)
     compiled = runner.lower(carry, *consts).compile(compiler_options or {})
+    if hlo_path:
+        with open(hlo_path, "w") as f:
+            f.write(compiled.as_text())
     carry = compiled(carry, *consts)
     jax.block_until_ready(carry)
     with tempfile.TemporaryDirectory() as logdir:
