@@ -116,4 +116,3 @@ def mosaic_markdown(rows: list) -> list[str]:
                              c.get("block_kv", "-"), c.get("stages", "-"), c.get("compute_wgs", "-"),
                              c.get("accumulate", "-"), us, frac, f"{r['roofline_us']:.1f}"]))
     return lines + [""]
-

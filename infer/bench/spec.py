@@ -63,7 +63,8 @@ SMOKE = dict(contexts="40", phase_contexts="40", e2e_contexts="40", new_tokens=1
 
 
 def add_round_args(p) -> None:
-    """``--tree`` and ``--temperature``: the round the spec and profile benchmarks time."""
+    """``--tree``, ``--temperature``, ``--draft-sampling`` and ``--attention``: the round the spec and profile
+    benchmarks time, and the padded pair's attention impl (:func:`load_pair` reads it)."""
     p.add_argument("--tree", type=tree_shape_arg, default=TREE, metavar="C0,C1,...",
                    help="tree shape (default the reference's 4,16,16,16,16; 1,1,1,1 is a chain)")
     p.add_argument("--temperature", type=temperature_arg, default=0.0,
