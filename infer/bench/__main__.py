@@ -9,7 +9,6 @@ import sys
 COMMANDS = {
     "decode": "plain decode tokens/s: ours vs HF PyTorch generate vs the memory-bandwidth floor",
     "attention": "hybrid tree attention and its kernels, in-loop timed, against the copy bandwidth",
-    "gemm": "the round's weight GEMMs at their row counts: XLA's dot vs the skinny Pallas matmul, vs the copy rate",
     "profile": "per-op GPU time of a round's phases and a plain step, from a profiler trace",
     "spec": "speculative decoding on an 8B-cost pair: tokens/s, tau, per-round phase times, draft-state bytes",
     "drafts": "trained drafts on held-out prompts: tau and tokens/s against plain decoding, by context and T",
