@@ -9,21 +9,26 @@ head_dim 128) with random bf16 weights and a random draft of its shapes, on a ra
 shapes, not on what the draft predicts). Each phase (plain decode step, draft step 0, every tree level, verify, the
 whole round) is profiled in the in-loop timing from the post-prefill state (:mod:`infer.bench.trace`): kernels per
 step, summed kernel time, GPU-busy time and wall time per step, and where the time goes by source function and
-by kernel. ``--options`` adds XLA compiler-option variants (e.g. command buffers off) of every phase.
+by kernel. ``--options`` adds XLA compiler-option variants (e.g. command buffers off) of every phase; ``--ablate``
+adds one variant per named part with that part computed twice (:mod:`infer.bench.ablation`): its time over the
+default's is the part's marginal cost in the round. ``--phases`` picks the phases.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import functools
 import json
 import os
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from infer.bench.ablation import PARTS, doubling, parse_parts
 from infer.bench.decode import LLAMA3_8B, TINY
 from infer.bench.harness import arg_parser, log, md_header, md_row, write_report
 from infer.bench.random_model import random_target
@@ -37,6 +42,15 @@ from infer.speculative import spec_round, speculative_start, verify
 from longspec_jax.draft import DraftConfig, draft_root, init_draft
 from longspec_jax.sampling import SamplingConfig
 from longspec_jax.tree import grow_tree, start_tree
+
+
+ABLATE_PREFIX = "x2_"  # variant name of a doubled part
+
+
+class Variant(NamedTuple):
+    """XLA compiler options of every phase's compile, and the parts computed twice (:mod:`infer.bench.ablation`)."""
+    options: dict
+    doubled: tuple = ()
 
 
 def phase_steps(settings, stop):
@@ -67,49 +81,65 @@ def phase_steps(settings, stop):
                 verify=verify_step, round=round_step)
 
 
-def profile_context(settings, stop, tparams, weights, tokens, lengths, reps: int, options: dict,
-                    hlo_dir: str | None = None) -> dict:
-    """Every phase under every compiler-option variant; the carries are rebuilt from the post-prefill state.
-    ``hlo_dir``: each phase's compiled module is written there too, as ``VARIANT_PHASE.hlo.txt``."""
+def profile_context(settings, stop, tparams, weights, tokens, lengths, reps: int, variants: dict[str, Variant],
+                    hlo_dir: str | None = None, phases: tuple[str, ...] | None = None, out: dict | None = None,
+                    on_variant=lambda: None) -> dict:
+    """Every phase (or those of ``phases``) under every variant, into ``out`` (``{variant: {phase: summary}}``;
+    ``on_variant()`` runs after each, e.g. to write the report so far); the carries are rebuilt from the
+    post-prefill state. ``hlo_dir``: each phase's compiled module is written there too, as
+    ``VARIANT_PHASE.hlo.txt``."""
     start = jax.jit(lambda p, d, t, l, k: speculative_start(settings, p, d, t, l, stop, k))
-    steps = phase_steps(settings, stop)
-    spec, ds = settings.tree, settings.draft
-    out: dict = {}
-    for variant, opts in options.items():
-        state = start(tparams, weights, tokens, lengths, jax.random.PRNGKey(0))
-        root_B = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)[:, 0]
-        logp_root_BxV, ring = draft_root(ds, weights, tparams, state.cache, state.ring, state.pending,
-                                         state.num_pending)
-        builder = start_tree(spec, ds, root_B, logp_root_BxV)
-        levels = [builder]
-        for k in range(1, spec.depth):
-            levels.append(grow_tree(spec, ds, weights, tparams, state.cache, ring, levels[-1], k))
-        plans = dict(plain=lambda: ((state.pending[:, 0], state.cache), (tparams,)),
-                     draft_step0=lambda: ((state, logp_root_BxV), (tparams, weights)),
-                     verify=lambda: (verify(settings, tparams, state.cache, levels[-1].tree),
-                                     (tparams, state.cache, levels[-1].tree)),
-                     round=lambda: (state, (tparams, weights)))
-        for k in range(1, spec.depth):
-            plans[f"tree_level{k + 1}"] = functools.partial(lambda k: (levels[k - 1], (tparams, weights, state.cache,
-                                                                                        ring)), k)
-        rows = {}
-        for name, step in steps.items():
-            carry, consts = plans[name]()
-            t0 = time.perf_counter()
-            try:
-                hlo_path = os.path.join(hlo_dir, f"{variant}_{name}.hlo.txt") if hlo_dir else None
-                rows[name], carry = profile_loop(step, carry, consts, reps, opts, hlo_path)
-            except Exception as e:  # noqa: BLE001
-                rows[name] = dict(error=f"{type(e).__name__}: {e}"[:800])
-                log(f"{variant} {name}: {rows[name]['error']}")
-                continue
-            if name in ("plain", "round", "draft_step0"):  # the carry held the (donated) cache
-                state = start(tparams, weights, tokens, lengths, jax.random.PRNGKey(0))
-            r = rows[name]
-            log(f"{variant} {name}: wall {r['wall_us']:.1f} us/step, busy {r['busy_us']:.1f}, kernels "
-                f"{r['kernel_sum_us']:.1f} in {r['launches']:.0f} launches ({time.perf_counter() - t0:.0f} s)")
-        out[variant] = rows
+    out = {} if out is None else out
+    for variant, how in variants.items():
+        with doubling(how.doubled):  # the phases' step functions are made (and traced) afresh inside
+            out[variant] = _profile_variant(variant, how.options, start, settings, stop, tparams, weights, tokens,
+                                            lengths, reps, hlo_dir, phases)
+        on_variant()
     return out
+
+
+def _profile_variant(variant, opts, start, settings, stop, tparams, weights, tokens, lengths, reps, hlo_dir, phases):
+    """The phases of one variant (its doubled parts already patched in): ``{phase: summary}``."""
+    spec, ds = settings.tree, settings.draft
+    steps = phase_steps(settings, stop)
+    if phases is not None:
+        unknown = sorted(set(phases) - set(steps))
+        if unknown:
+            raise ValueError(f"--phases: unknown phase(s) {', '.join(unknown)}; this tree has {', '.join(steps)}")
+        steps = {n: f for n, f in steps.items() if n in phases}
+    state = start(tparams, weights, tokens, lengths, jax.random.PRNGKey(0))
+    root_B = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)[:, 0]
+    logp_root_BxV, ring = draft_root(ds, weights, tparams, state.cache, state.ring, state.pending,
+                                     state.num_pending)
+    builder = start_tree(spec, ds, root_B, logp_root_BxV)
+    levels = [builder]
+    for k in range(1, spec.depth):
+        levels.append(grow_tree(spec, ds, weights, tparams, state.cache, ring, levels[-1], k))
+    plans = dict(plain=lambda: ((state.pending[:, 0], state.cache), (tparams,)),
+                 draft_step0=lambda: ((state, logp_root_BxV), (tparams, weights)),
+                 verify=lambda: (verify(settings, tparams, state.cache, levels[-1].tree),
+                                 (tparams, state.cache, levels[-1].tree)),
+                 round=lambda: (state, (tparams, weights)))
+    for k in range(1, spec.depth):
+        plans[f"tree_level{k + 1}"] = functools.partial(lambda k: (levels[k - 1], (tparams, weights, state.cache,
+                                                                                    ring)), k)
+    rows = {}
+    for name, step in steps.items():
+        carry, consts = plans[name]()
+        t0 = time.perf_counter()
+        try:
+            hlo_path = os.path.join(hlo_dir, f"{variant}_{name}.hlo.txt") if hlo_dir else None
+            rows[name], carry = profile_loop(step, carry, consts, reps, opts, hlo_path)
+        except Exception as e:  # noqa: BLE001
+            rows[name] = dict(error=f"{type(e).__name__}: {e}"[:800])
+            log(f"{variant} {name}: {rows[name]['error']}")
+            continue
+        if name in ("plain", "round", "draft_step0"):  # the carry held the (donated) cache
+            state = start(tparams, weights, tokens, lengths, jax.random.PRNGKey(0))
+        r = rows[name]
+        log(f"{variant} {name}: wall {r['wall_us']:.1f} us/step, busy {r['busy_us']:.1f}, kernels "
+            f"{r['kernel_sum_us']:.1f} in {r['launches']:.0f} launches ({time.perf_counter() - t0:.0f} s)")
+    return rows
 
 
 def load_models(args):
@@ -138,15 +168,36 @@ def run(args) -> dict:
         hlo_dir = os.path.join(args.out, "hlo", str(ctx)) if args.hlo else None
         if hlo_dir:
             os.makedirs(hlo_dir, exist_ok=True)
-        results["contexts"][ctx] = profile_context(settings, stop, target.params, draft.weights, tokens, lengths,
-                                                   args.reps, args.options, hlo_dir)
-        write_report(args.out, "bench_profile", results, markdown(results))
+        results["contexts"][ctx] = {}
+        profile_context(settings, stop, target.params, draft.weights, tokens, lengths, args.reps, args.variants,
+                        hlo_dir, args.phases, out=results["contexts"][ctx],
+                        on_variant=lambda: write_report(args.out, "bench_profile", results, markdown(results)))
     return results
+
+
+def ablation_table(variants: dict) -> list[str]:
+    """Markdown rows: each doubled part's wall (and GPU-busy) time per step over the default's, by phase."""
+    base = variants.get("default", {})
+    doubled = {v: rows for v, rows in variants.items() if v.startswith(ABLATE_PREFIX)}
+    phases = [n for n, r in base.items() if "error" not in r]
+    if not doubled or not phases:
+        return []
+    lines = ["\nMarginal cost in the round: the part computed twice, minus the default (us per step, wall (busy)):\n"]
+    lines += md_header(["part (computed twice)"] + phases)
+    for variant, rows in doubled.items():
+        cells = [f"{rows[n]['wall_us'] - base[n]['wall_us']:+.1f} ({rows[n]['busy_us'] - base[n]['busy_us']:+.1f})"
+                 if "error" not in rows.get(n, {"error": 1}) else "-" for n in phases]
+        part = variant[len(ABLATE_PREFIX):]
+        lines.append(md_row([f"{part}: {PARTS[part][2]}"] + cells))
+    return lines
 
 
 def markdown(results: dict, top: int = 12) -> str:
     lines = []
     for ctx, variants in results["contexts"].items():
+        ablation = ablation_table(variants)
+        if ablation:
+            lines += [f"\n## {ctx} tokens: ablation"] + ablation
         for variant, rows in variants.items():
             lines.append(f"\n## {ctx} tokens, {variant}\n")
             lines += md_header(["phase", "wall us", "GPU busy us", "kernel sum us", "launches"])
@@ -158,6 +209,13 @@ def markdown(results: dict, top: int = 12) -> str:
                 lines.append(f"\n{name}, by source (us/step, launches/step): " + "; ".join(
                     f"{x['what']} {x['us']:.1f} ({x['launches']:.0f})" for x in r["by_source"][:top]))
     return "\n".join(lines) + "\n"
+
+
+def parse_parts_arg(text: str) -> tuple[str, ...]:
+    try:
+        return parse_parts(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def parse_args(argv=None):
@@ -172,6 +230,11 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=None, help="steps per profiled call (default 20; --smoke: 2)")
     p.add_argument("--options", default="{}", help='JSON {variant: {xla option: value}} added to the default, '
                                                    'e.g. \'{"no_cmd_buffers": {"xla_gpu_enable_command_buffer": ""}}\'')
+    p.add_argument("--ablate", type=parse_parts_arg, default=(), metavar="PART,...",
+                   help="one more variant per part, computed twice: its marginal cost in the round; parts: "
+                        + ", ".join(PARTS))
+    p.add_argument("--phases", default=None, metavar="PHASE,...",
+                   help="phases to profile (default all: plain, draft_step0, tree_levelK, verify, round)")
     p.add_argument("--hlo", action="store_true",
                    help="also write each phase's compiled HLO module (what every kernel computes) under OUT/hlo/CONTEXT/")
     add_round_args(p)
@@ -179,7 +242,9 @@ def parse_args(argv=None):
     check_round_args(p, args)
     args.contexts = [int(x) for x in (args.contexts or ("40" if args.smoke else "16384,32768")).split(",") if x]
     args.reps = args.reps or (2 if args.smoke else 20)
-    args.options = {"default": {}, **json.loads(args.options)}
+    args.variants = {name: Variant(opts) for name, opts in {"default": {}, **json.loads(args.options)}.items()}
+    args.variants.update({ABLATE_PREFIX + part: Variant({}, (part,)) for part in args.ablate})
+    args.phases = tuple(args.phases.split(",")) if args.phases else None
     args.stable_search, args.batch = 0, 1  # spec.load_pair reads these: prompt offset 0, one sequence
     if args.model == "padded" and not args.smoke and not (args.fixture and args.pad_script):
         p.error("--fixture and --pad-script are required with --model padded (or --smoke)")

@@ -1,0 +1,97 @@
+"""In-round ablation (``infer.bench.ablation``): a doubled part is computed twice in the compiled program, its
+result and everything downstream unchanged; the patch is undone afterwards; the profile benchmark reports each
+doubled part's marginal time by phase."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from infer.bench import ablation
+from infer.bench.decode import TINY
+from infer.bench.random_model import random_target
+from longspec_jax import target
+from longspec_jax.kv_cache import init_cache
+from longspec_jax.top_k import top_k
+
+
+def _count(jaxpr, primitive: str) -> int:
+    """Occurrences of ``primitive`` in a jaxpr, nested jaxprs (jit, custom calls) included."""
+    n = 0
+    for eqn in jaxpr.eqns:
+        n += eqn.primitive.name == primitive
+        for value in eqn.params.values():
+            inner = getattr(value, "jaxpr", value)
+            if hasattr(inner, "eqns"):
+                n += _count(inner, primitive)
+    return n
+
+
+def test_doubled_computes_twice_and_returns_the_first_result():
+    def f(x, w):
+        return jnp.tanh(x @ w), x.sum()
+
+    x, w = jnp.ones((4, 8)) * 0.1, jnp.ones((8, 3)) * 0.2
+    plain = jax.make_jaxpr(f)(x, w).jaxpr
+    twice = jax.make_jaxpr(ablation.doubled(f))(x, w).jaxpr
+    assert _count(plain, "dot_general") == 1 and _count(twice, "dot_general") == 2
+    for got, want in zip(jax.jit(ablation.doubled(f))(x, w), f(x, w)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_doubled_keeps_integer_outputs_and_needs_a_float_argument():
+    scores = jnp.asarray(np.random.default_rng(0).standard_normal((2, 3, 64)), jnp.float32)
+    got = jax.jit(ablation.doubled(lambda s: top_k(s, 4)))(scores)
+    want = top_k(scores, 4)
+    assert got[1].dtype == want[1].dtype
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(TypeError, match="no floating-point array argument"):
+        ablation.doubled(lambda n: n * 2)(jnp.arange(3))
+
+
+def test_doubling_a_target_part_doubles_it_in_the_traced_forward_and_is_undone():
+    tgt = random_target(TINY, None, jnp.float32, 0.02)
+    config, params = tgt.config, tgt.params
+    cache = init_cache(config.num_layers, 1, 16, config.num_kv_heads, config.head_dim, jnp.float32)
+    tokens = jnp.asarray([[3, 5, 7]], jnp.int32)
+    positions = jnp.arange(3, dtype=jnp.int32)[None]
+    mask = jnp.tril(jnp.ones((3, 3), bool))[None]
+
+    def traced():  # a fresh function each time: jax caches traces by function object
+        def fwd():
+            return target.forward_tree(params, config, tokens, positions, cache, mask, impl="xla")[0]
+        return _count(jax.make_jaxpr(fwd)().jaxpr, "dot_general"), jax.jit(fwd)()
+
+    base_dots, base_out = traced()
+    original = target._mlp_block
+    with ablation.doubling(["mlp"]):
+        assert target._mlp_block is not original
+        doubled_dots, doubled_out = traced()
+    assert target._mlp_block is original
+    assert doubled_dots == base_dots + 2 * config.num_layers  # gate/up and down, once more per layer
+    np.testing.assert_array_equal(doubled_out, base_out)
+
+
+def test_unknown_parts_are_named():
+    with pytest.raises(ValueError, match="unknown part.*nope.*choose from attention"):
+        ablation.parse_parts("mlp,nope")
+    assert ablation.parse_parts("mlp,top_k,") == ("mlp", "top_k")
+
+
+@pytest.mark.slow
+def test_profile_smoke_with_ablation(tmp_path):
+    from infer.bench.profile import main
+
+    assert main(["--out", str(tmp_path), "--smoke", "--ablate", "norm,top_k", "--phases", "tree_level2,verify"]) == 0
+    report = json.loads((tmp_path / "bench_profile.json").read_text())
+    variants = report["contexts"]["40"]
+    assert set(variants) == {"default", "x2_norm", "x2_top_k"}
+    assert all(set(rows) == {"tree_level2", "verify"} for rows in variants.values())
+    assert variants["x2_norm"]["verify"]["launches"] > variants["default"]["verify"]["launches"]
+    text = (tmp_path / "bench_profile.md").read_text()
+    assert "| part (computed twice) | tree_level2 | verify |" in text and "| norm: target RMSNorms |" in text
+    with pytest.raises(ValueError, match="unknown phase.*tree_level9"):
+        main(["--out", str(tmp_path / "bad"), "--smoke", "--phases", "verify,tree_level9"])
