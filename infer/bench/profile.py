@@ -89,16 +89,17 @@ def profile_context(settings, stop, tparams, weights, tokens, lengths, reps: int
     post-prefill state. ``hlo_dir``: each phase's compiled module is written there too, as
     ``VARIANT_PHASE.hlo.txt``."""
     start = jax.jit(lambda p, d, t, l, k: speculative_start(settings, p, d, t, l, stop, k))
+    fresh_state = lambda: start(tparams, weights, tokens, lengths, jax.random.PRNGKey(0))  # noqa: E731
     out = {} if out is None else out
     for variant, how in variants.items():
         with doubling(how.doubled):  # the phases' step functions are made (and traced) afresh inside
-            out[variant] = _profile_variant(variant, how.options, start, settings, stop, tparams, weights, tokens,
-                                            lengths, reps, hlo_dir, phases)
+            out[variant] = _profile_variant(variant, how.options, fresh_state, settings, stop, tparams, weights,
+                                            reps, hlo_dir, phases)
         on_variant()
     return out
 
 
-def _profile_variant(variant, opts, start, settings, stop, tparams, weights, tokens, lengths, reps, hlo_dir, phases):
+def _profile_variant(variant, opts, fresh_state, settings, stop, tparams, weights, reps, hlo_dir, phases):
     """The phases of one variant (its doubled parts already patched in): ``{phase: summary}``."""
     spec, ds = settings.tree, settings.draft
     steps = phase_steps(settings, stop)
@@ -107,7 +108,7 @@ def _profile_variant(variant, opts, start, settings, stop, tparams, weights, tok
         if unknown:
             raise ValueError(f"--phases: unknown phase(s) {', '.join(unknown)}; this tree has {', '.join(steps)}")
         steps = {n: f for n, f in steps.items() if n in phases}
-    state = start(tparams, weights, tokens, lengths, jax.random.PRNGKey(0))
+    state = fresh_state()
     root_B = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)[:, 0]
     logp_root_BxV, ring = draft_root(ds, weights, tparams, state.cache, state.ring, state.pending,
                                      state.num_pending)
@@ -135,7 +136,7 @@ def _profile_variant(variant, opts, start, settings, stop, tparams, weights, tok
             log(f"{variant} {name}: {rows[name]['error']}")
             continue
         if name in ("plain", "round", "draft_step0"):  # the carry held the (donated) cache
-            state = start(tparams, weights, tokens, lengths, jax.random.PRNGKey(0))
+            state = fresh_state()
         r = rows[name]
         log(f"{variant} {name}: wall {r['wall_us']:.1f} us/step, busy {r['busy_us']:.1f}, kernels "
             f"{r['kernel_sum_us']:.1f} in {r['launches']:.0f} launches ({time.perf_counter() - t0:.0f} s)")
