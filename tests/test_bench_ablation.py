@@ -75,6 +75,19 @@ def test_doubling_a_target_part_doubles_it_in_the_traced_forward_and_is_undone()
     np.testing.assert_array_equal(doubled_out, base_out)
 
 
+def test_unknown_parts_and_phases_are_named_before_anything_loads(capsys):
+    from infer.bench.profile import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "unused", "--smoke", "--tree", "2,2,2", "--phases", "verify,tree_level4"])
+    assert "unknown phase(s) tree_level4" in capsys.readouterr().err
+    assert parse_args(["--out", "unused", "--smoke", "--tree", "2,2,2", "--phases", "tree_level3"]).phases == (
+        "tree_level3",)
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "unused", "--smoke", "--ablate", "mlp,nope"])
+    assert "unknown part(s) nope" in capsys.readouterr().err
+
+
 def test_unknown_parts_are_named():
     with pytest.raises(ValueError, match="unknown part.*nope.*choose from attention"):
         ablation.parse_parts("mlp,nope")
@@ -93,5 +106,3 @@ def test_profile_smoke_with_ablation(tmp_path):
     assert variants["x2_norm"]["verify"]["launches"] > variants["default"]["verify"]["launches"]
     text = (tmp_path / "bench_profile.md").read_text()
     assert "| part (computed twice) | tree_level2 | verify |" in text and "| norm: target RMSNorms |" in text
-    with pytest.raises(ValueError, match="unknown phase.*tree_level9"):
-        main(["--out", str(tmp_path / "bad"), "--smoke", "--phases", "verify,tree_level9"])

@@ -102,12 +102,7 @@ def profile_context(settings, stop, tparams, weights, tokens, lengths, reps: int
 def _profile_variant(variant, opts, fresh_state, settings, stop, tparams, weights, reps, hlo_dir, phases):
     """The phases of one variant (its doubled parts already patched in): ``{phase: summary}``."""
     spec, ds = settings.tree, settings.draft
-    steps = phase_steps(settings, stop)
-    if phases is not None:
-        unknown = sorted(set(phases) - set(steps))
-        if unknown:
-            raise ValueError(f"--phases: unknown phase(s) {', '.join(unknown)}; this tree has {', '.join(steps)}")
-        steps = {n: f for n, f in steps.items() if n in phases}
+    steps = {n: f for n, f in phase_steps(settings, stop).items() if phases is None or n in phases}
     state = fresh_state()
     root_B = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)[:, 0]
     logp_root_BxV, ring = draft_root(ds, weights, tparams, state.cache, state.ring, state.pending,
@@ -246,6 +241,11 @@ def parse_args(argv=None):
     args.variants = {name: Variant(opts) for name, opts in {"default": {}, **json.loads(args.options)}.items()}
     args.variants.update({ABLATE_PREFIX + part: Variant({}, (part,)) for part in args.ablate})
     args.phases = tuple(args.phases.split(",")) if args.phases else None
+    known = ("plain", "draft_step0", *(f"tree_level{k + 1}" for k in range(1, len(args.tree))), "verify", "round")
+    unknown = sorted(set(args.phases or ()) - set(known))
+    if unknown:
+        p.error(f"--phases: unknown phase(s) {', '.join(unknown)}; with --tree {args.tree} choose from "
+                f"{', '.join(known)}")
     args.stable_search, args.batch = 0, 1  # spec.load_pair reads these: prompt offset 0, one sequence
     if args.model == "padded" and not args.smoke and not (args.fixture and args.pad_script):
         p.error("--fixture and --pad-script are required with --model padded (or --smoke)")
