@@ -89,7 +89,9 @@ def test_unknown_parts_and_phases_are_named_before_anything_loads(capsys):
 
 
 def test_unknown_parts_are_named():
-    with pytest.raises(ValueError, match="unknown part.*nope.*choose from attention"):
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown part.*nope.*choose from attention"):
         ablation.parse_parts("mlp,nope")
     assert ablation.parse_parts("mlp,top_k,") == ("mlp", "top_k")
 

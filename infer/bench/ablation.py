@@ -19,6 +19,8 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 
+from infer.bench.harness import names_arg
+
 # part -> (module, attribute, what it covers)
 PARTS = {
     "attention": ("longspec_jax.target", "hybrid_tree_attention",
@@ -35,13 +37,7 @@ PARTS = {
 }
 
 
-def parse_parts(text: str) -> tuple[str, ...]:
-    """``--ablate``: a comma list of :data:`PARTS` names."""
-    parts = tuple(p for p in text.split(",") if p)
-    unknown = [p for p in parts if p not in PARTS]
-    if unknown:
-        raise ValueError(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
-    return parts
+parse_parts = names_arg(PARTS, "part")  # --ablate: a comma list of PARTS names
 
 
 def _is_float_array(x) -> bool:

@@ -28,7 +28,6 @@ markdown.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import sys
 import time
@@ -40,7 +39,7 @@ from infer.bench.attention_loop import L2_BYTES, OpTimer
 from infer.bench.attention_mosaic import VARIANT_KINDS, run_sweep_mosaic
 from infer.bench.attention_report import markdown
 from infer.bench.attention_sections import run_sweep, run_sweep_cudnn, run_table, sweep_best
-from infer.bench.harness import arg_parser, copy_bandwidth, log, write_report
+from infer.bench.harness import arg_parser, copy_bandwidth, log, names_arg, write_report
 
 SECTIONS = ("copy", "sweep", "mosaic", "table")
 TIMING_METHOD = ("each op run n times inside one jitted lax.fori_loop; every step perturbs its inputs by a scalar "
@@ -49,15 +48,7 @@ TIMING_METHOD = ("each op run n times inside one jitted lax.fori_loop; every ste
                  "one call lasts >= ~{target_ms:.0f} ms; warm-up, median of {calls} calls; the same loop with an "
                  "identity op is subtracted.")
 
-
-def variant_kinds_arg(text: str) -> tuple[str, ...]:
-    """``--mosaic-variants``: a comma list of :data:`VARIANT_KINDS`, or ``none``."""
-    kinds = tuple(k for k in text.split(",") if k and k != "none")
-    unknown = [k for k in kinds if k not in VARIANT_KINDS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown variant kind(s) {', '.join(unknown)}; choose from "
-                                         f"{', '.join(VARIANT_KINDS)} or none")
-    return kinds
+variant_kinds_arg = names_arg(VARIANT_KINDS, "variant kind", none=True)  # --mosaic-variants
 
 
 def parse_args(argv=None):

@@ -170,6 +170,19 @@ def copy_bandwidth(smoke: bool, target_s: float = 0.025, calls: int = 5) -> dict
 
 # ------------------------------------------------------------------------------------------------ output
 
+def names_arg(choices, what: str, *, none: bool = False) -> Callable[[str], tuple[str, ...]]:
+    """An argparse ``type``: a comma list of names from ``choices`` (``what`` names one in the error); with
+    ``none``, the word ``none`` stands for no names."""
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(n for n in text.split(",") if n and not (none and n == "none"))
+        unknown = [n for n in names if n not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what}(s) {', '.join(unknown)}; choose from "
+                                             f"{', '.join(choices)}" + (" or none" if none else ""))
+        return names
+    return parse
+
+
 def arg_parser(name: str, doc: str, smoke_help: str) -> argparse.ArgumentParser:
     """The command line of ``python -m infer.bench NAME``, with ``--out`` (for ``bench_NAME.json`` / ``.md``)
     and ``--smoke``."""

@@ -16,7 +16,6 @@ default's is the part's marginal cost in the round. ``--phases`` picks the phase
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import functools
 import json
@@ -53,8 +52,18 @@ class Variant(NamedTuple):
     doubled: tuple = ()
 
 
+def level_phase(k: int) -> str:
+    """Name of the phase that grows tree level ``k + 1`` from level ``k``."""
+    return f"tree_level{k + 1}"
+
+
+def phase_names(depth: int) -> tuple[str, ...]:
+    """The phases profiled, in order, for a tree of ``depth`` levels."""
+    return ("plain", "draft_step0", *(level_phase(k) for k in range(1, depth)), "verify", "round")
+
+
 def phase_steps(settings, stop):
-    """``{phase: (step(carry, *consts) -> carry, carry-from-state, consts-from-state)}`` for one round's phases."""
+    """``{phase: step(carry, *consts) -> carry}`` for one round's phases, in :func:`phase_names` order."""
     spec, ds, base = settings.tree, settings.draft, settings.base
 
     def plain(carry, p):
@@ -77,8 +86,8 @@ def phase_steps(settings, stop):
     def round_step(st, p, d):
         return spec_round(settings, p, d, stop, st)
 
-    return dict(plain=plain, draft_step0=step0, **{f"tree_level{k + 1}": level(k) for k in range(1, spec.depth)},
-                verify=verify_step, round=round_step)
+    steps = (plain, step0, *(level(k) for k in range(1, spec.depth)), verify_step, round_step)
+    return dict(zip(phase_names(spec.depth), steps, strict=True))
 
 
 def profile_context(settings, stop, tparams, weights, tokens, lengths, reps: int, variants: dict[str, Variant],
@@ -117,7 +126,7 @@ def _profile_variant(variant, opts, fresh_state, settings, stop, tparams, weight
                                  (tparams, state.cache, levels[-1].tree)),
                  round=lambda: (state, (tparams, weights)))
     for k in range(1, spec.depth):
-        plans[f"tree_level{k + 1}"] = functools.partial(lambda k: (levels[k - 1], (tparams, weights, state.cache,
+        plans[level_phase(k)] = functools.partial(lambda k: (levels[k - 1], (tparams, weights, state.cache,
                                                                                     ring)), k)
     rows = {}
     for name, step in steps.items():
@@ -207,13 +216,6 @@ def markdown(results: dict, top: int = 12) -> str:
     return "\n".join(lines) + "\n"
 
 
-def parse_parts_arg(text: str) -> tuple[str, ...]:
-    try:
-        return parse_parts(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def parse_args(argv=None):
     p = arg_parser("profile", __doc__, "tiny random pair on the CPU (CPU ops instead of GPU kernels)")
     p.add_argument("--model", default="padded", choices=("padded", "llama3-8b"),
@@ -226,13 +228,14 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=None, help="steps per profiled call (default 20; --smoke: 2)")
     p.add_argument("--options", default="{}", help='JSON {variant: {xla option: value}} added to the default, '
                                                    'e.g. \'{"no_cmd_buffers": {"xla_gpu_enable_command_buffer": ""}}\'')
-    p.add_argument("--ablate", type=parse_parts_arg, default=(), metavar="PART,...",
+    p.add_argument("--ablate", type=parse_parts, default=(), metavar="PART,...",
                    help="one more variant per part, computed twice: its marginal cost in the round; parts: "
                         + ", ".join(PARTS))
     p.add_argument("--phases", default=None, metavar="PHASE,...",
                    help="phases to profile (default all: plain, draft_step0, tree_levelK, verify, round)")
     p.add_argument("--hlo", action="store_true",
-                   help="also write each phase's compiled HLO module (what every kernel computes) under OUT/hlo/CONTEXT/")
+                   help="also write each phase's compiled HLO module (what every kernel computes) under "
+                        "OUT/hlo/CONTEXT/")
     add_round_args(p)
     args = p.parse_args(argv)
     check_round_args(p, args)
@@ -241,7 +244,7 @@ def parse_args(argv=None):
     args.variants = {name: Variant(opts) for name, opts in {"default": {}, **json.loads(args.options)}.items()}
     args.variants.update({ABLATE_PREFIX + part: Variant({}, (part,)) for part in args.ablate})
     args.phases = tuple(args.phases.split(",")) if args.phases else None
-    known = ("plain", "draft_step0", *(f"tree_level{k + 1}" for k in range(1, len(args.tree))), "verify", "round")
+    known = phase_names(len(args.tree))
     unknown = sorted(set(args.phases or ()) - set(known))
     if unknown:
         p.error(f"--phases: unknown phase(s) {', '.join(unknown)}; with --tree {args.tree} choose from "
@@ -254,8 +257,5 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    results = run(args)
-    md = markdown(results)
-    write_report(args.out, "bench_profile", results, md)
-    print(md)
+    print(markdown(run(args)))  # run() has written the report after every variant
     return 0
