@@ -12,6 +12,10 @@ thread block (row block, split, kv head x batch) then runs:
   softmax in float32 registers in between. Two compute warpgroups take turns on the tensor cores (one runs its
   softmax while the other multiplies), as in FlashAttention-3.
 
+A compute warpgroup whose 64 rows are all padding (past the ``valid_rows`` the caller names: 296 folded rows fill
+six warpgroups' 384, the sixth none) only keeps pace with the barrier protocol: it takes its turns and frees the
+K/V slots, so its partner runs alone, and its rows of the output stay unwritten.
+
 It writes each split's normalised output ``[splits, B, R, K, D]`` (q's dtype) and float32 natural-log LSE
 ``[splits, B, K, R]``. An empty split gets output 0 and LSE ``-inf``. :func:`mosaic_cache_attention` folds the
 queries, runs the kernel and merges the splits (and the tree half, when given) in float32.
@@ -131,7 +135,7 @@ def _column_iota(shape, interpret: bool):
 
 
 def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: MosaicConfig, kv_heads: int,
-            capacity: int, head_dim: int, scale2: float, interpret: bool):
+            capacity: int, head_dim: int, valid_rows: int, scale2: float, interpret: bool):
     (q_smem, k_smem, v_smem, lse_smem), (q_ready, k_ready, v_ready), (k_free, v_free), turn = scoped
     C, bk, stages = cfg.compute_wgs, cfg.block_kv, cfg.stages
     row_block, split, head_batch = lax.axis_index("rows"), lax.axis_index("split"), lax.axis_index("head_batch")
@@ -158,11 +162,32 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
         plgpu.barrier_arrive(turn)
         plgpu.barrier_wait(turn)
 
+    row0 = (row_block * C + wg) * ROWS_PER_WG
+
     @pl.when(wg < C)
-    def _compute():
-        # 65536 registers per SM: the memory warpgroup keeps 40 per thread, the compute ones share the rest
+    def _registers():  # 65536 per SM: the memory warpgroup keeps 40 per thread, the compute ones share the rest
         plgpu.set_max_registers(min(232, (65536 // 128 - 40) // C // 8 * 8), action="increase")
-        row0 = (row_block * C + wg) * ROWS_PER_WG
+
+    @pl.when((wg < C) & (row0 >= valid_rows))
+    def _idle():  # rows all padding: take the turns and free the slots, compute nothing
+        if pingpong:
+            pl.when(wg == 1)(take_turn)
+
+        def step(i, _):
+            slot, refilled = lax.rem(i, stages), i + stages < steps
+            if pingpong:
+                take_turn()
+            pl.when(refilled)(lambda: plgpu.barrier_arrive(k_free.at[slot]))
+            if pingpong:
+                take_turn()
+            pl.when(refilled)(lambda: plgpu.barrier_arrive(v_free.at[slot]))
+
+        lax.fori_loop(0, steps, step, None)
+        if pingpong:
+            pl.when(wg == 0)(take_turn)
+
+    @pl.when((wg < C) & (row0 < valid_rows))
+    def _compute():
         q_tile = q_smem.at[wg]
         plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0, ROWS_PER_WG), kv_head], q_tile, q_ready.at[wg])
         plgpu.barrier_wait(q_ready.at[wg])
@@ -258,7 +283,8 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
         lax.fori_loop(0, jnp.maximum(steps - stages, 0), refill, None)
 
 
-def _lower(lengths_B, q_BxRxKxD, k_BxSxKxD, v_BxSxKxD, *, cfg: MosaicConfig, scale: float, interpret: bool):
+def _lower(lengths_B, q_BxRxKxD, k_BxSxKxD, v_BxSxKxD, *, cfg: MosaicConfig, scale: float, valid_rows: int,
+           interpret: bool):
     B, R, K, D = q_BxRxKxD.shape
     S = k_BxSxKxD.shape[1]
     dtype = q_BxRxKxD.dtype
@@ -273,8 +299,8 @@ def _lower(lengths_B, q_BxRxKxD, k_BxSxKxD, v_BxSxKxD, *, cfg: MosaicConfig, sca
         ready = (plgpu.Barrier(num_barriers=C), plgpu.Barrier(num_barriers=cfg.stages),
                  plgpu.Barrier(num_barriers=cfg.stages))
         free = (plgpu.Barrier(num_arrivals=C, num_barriers=cfg.stages),) * 2
-        body = functools.partial(_kernel, cfg=cfg, kv_heads=K, capacity=S, head_dim=D, scale2=scale * LOG2E,
-                                 interpret=interpret)
+        body = functools.partial(_kernel, cfg=cfg, kv_heads=K, capacity=S, head_dim=D, valid_rows=valid_rows,
+                                 scale2=scale * LOG2E, interpret=interpret)
         pl.run_scoped(lambda *s: body(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, s), scratch, ready, free,
                       plgpu.Barrier(num_arrivals=C), collective_axes="wg")
 
@@ -290,14 +316,15 @@ def _lower(lengths_B, q_BxRxKxD, k_BxSxKxD, v_BxSxKxD, *, cfg: MosaicConfig, sca
                         **options)(lengths_B, q_BxRxKxD, k_BxSxKxD, v_BxSxKxD)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "scale", "interpret"))
+@functools.partial(jax.jit, static_argnames=("cfg", "scale", "valid_rows", "interpret"))
 def mosaic_cache_partials(q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, *, cfg: MosaicConfig,
-                          scale: float, interpret: bool = False):
+                          scale: float, valid_rows: int | None = None, interpret: bool = False):
     """Per-split attention of the folded rows over the valid cache prefix (module docstring).
 
     q_BxRxKxD: folded queries (``fold_group``), R a multiple of ``cfg.rows_per_block()``. Returns
     ``(o [splits, B, R, K, D] in q.dtype, lse [splits, B, K, R] float32)``, each split normalised on its own.
-    ``interpret=True`` runs the kernel in jax's Mosaic GPU interpreter (any device; slow, for tests; always with
+    valid_rows: the rows that are not padding (default R); a warpgroup whose 64 rows all lie past them computes
+    nothing, and its rows of the output are left unwritten. ``interpret=True`` runs the kernel in jax's Mosaic GPU interpreter (any device; slow, for tests; always with
     ``accumulate="fresh"``).
     """
     B, R, K, D = q_BxRxKxD.shape
@@ -310,10 +337,13 @@ def mosaic_cache_partials(q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B
         raise ValueError(f"mosaic cache attention: {R} rows are not a multiple of the {cfg.rows_per_block()} "
                          "rows of a thread block (fold_group pads them)")
     cfg.check(k_cache_BxSxKxD.shape[1], D, jnp.dtype(q_BxRxKxD.dtype).itemsize)
+    valid_rows = R if valid_rows is None else valid_rows
+    if not 0 < valid_rows <= R:
+        raise ValueError(f"mosaic cache attention: valid_rows={valid_rows} must be in [1, {R}]")
     if interpret:  # jax's Mosaic GPU interpreter has no pl.run_state
         cfg = dataclasses.replace(cfg, accumulate="fresh")
     return _lower(lengths_B.astype(jnp.int32), q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cfg=cfg,
-                  scale=float(scale), interpret=interpret)
+                  scale=float(scale), valid_rows=valid_rows, interpret=interpret)
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "config", "interpret"))
@@ -332,6 +362,6 @@ def mosaic_cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_
     q_BxRxKxD = fold_group(q_BxMxHxD, K, row_multiple=cfg.rows_per_block())
     o_PxBxRxKxD, lse_PxBxKxR = mosaic_cache_partials(
         q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, cfg=cfg,
-        scale=default_scale(D) if scale is None else float(scale), interpret=interpret)
+        scale=default_scale(D) if scale is None else float(scale), valid_rows=M * (H // K), interpret=interpret)
     return merge_folded_splits(o_PxBxRxKxD, jnp.swapaxes(lse_PxBxKxR, 2, 3), M, H, extra=extra,
                                dtype=q_BxMxHxD.dtype)

@@ -62,8 +62,8 @@ def _check_partials(B, M, S, H, K, D, lengths, cfg, interpret):
     merge equal to attention over the valid prefix."""
     q, k, v, k_bad, v_bad, lens = _inputs(B, M, S, H, K, D, lengths, cfg.block_kv)
     q_rows = fold_group(q, K, row_multiple=cfg.rows_per_block())
-    o, lse = mosaic_cache_partials(q_rows, k_bad, v_bad, lens, cfg=cfg, scale=0.3, interpret=interpret)
     R = M * (H // K)
+    o, lse = mosaic_cache_partials(q_rows, k_bad, v_bad, lens, cfg=cfg, scale=0.3, valid_rows=R, interpret=interpret)
     assert o.shape == (cfg.num_splits, B, q_rows.shape[1], K, D) and lse.shape == (cfg.num_splits, B, K, q_rows.shape[1])
     o, lse = o[:, :, :R], jnp.swapaxes(lse, 2, 3)[:, :, :R]
     empty = np.isneginf(np.asarray(lse))
@@ -86,10 +86,13 @@ CASES = {
     "rowblocks3-full": (1, 37, 256, 8, 2, 64, [256], MosaicConfig(num_splits=4, block_kv=128, stages=2,
                                                                    compute_wgs=1)),
     "stages1": (1, 40, 384, 6, 2, 64, [383], MosaicConfig(num_splits=2, block_kv=64, stages=1, compute_wgs=1)),
+    # 48 rows in a block of two warpgroups: the second is all padding and only keeps pace (turns, slot refills)
+    "pingpong-idle-wg-refills": (1, 12, 1024, 4, 1, 64, [1000], MosaicConfig(num_splits=2, block_kv=64, stages=2,
+                                                                              compute_wgs=2)),
 }
 # Three compute warpgroups run on the GPU only: the interpreter runs a block's warpgroups as concurrent XLA
 # executions, and on a 2-core machine a fourth one never starts while the others wait at a barrier.
-DEFAULT_SUITE = ("wg1-splits3", "pingpong-stages3-d128")
+DEFAULT_SUITE = ("wg1-splits3", "pingpong-stages3-d128", "pingpong-idle-wg-refills")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in DEFAULT_SUITE else pytest.mark.slow)
@@ -167,6 +170,9 @@ def test_config_rules_and_errors():
         mosaic_cache_partials(q, kv, kv, n, cfg=MosaicConfig(num_splits=1, compute_wgs=4), scale=0.1)
     with pytest.raises(ValueError, match="head_dim that is a multiple of 64"):
         mosaic_cache_partials(q[..., :32], kv[..., :32], kv[..., :32], n, cfg=MosaicConfig(num_splits=1), scale=0.1)
+    for rows in (0, 129):
+        with pytest.raises(ValueError, match=rf"valid_rows={rows} must be in \[1, 128\]"):
+            mosaic_cache_partials(q, kv, kv, n, cfg=MosaicConfig(num_splits=1), scale=0.1, valid_rows=rows)
 
 
 # ------------------------------------------------------------------------------------------------ GPU only
