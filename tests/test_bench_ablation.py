@@ -52,7 +52,12 @@ def test_doubled_keeps_integer_outputs_and_needs_a_float_argument():
         ablation.doubled(lambda n: n * 2)(jnp.arange(3))
 
 
-def test_doubling_a_target_part_doubles_it_in_the_traced_forward_and_is_undone():
+# part -> the GEMMs it adds per layer when doubled: what its description in ablation.PARTS promises
+GEMMS_PER_LAYER = {"mlp": 2, "gemms": 4, "qkv": 1}
+
+
+@pytest.mark.parametrize("part", list(GEMMS_PER_LAYER))
+def test_doubling_a_target_part_doubles_it_in_the_traced_forward_and_is_undone(part):
     tgt = random_target(TINY, None, jnp.float32, 0.02)
     config, params = tgt.config, tgt.params
     cache = init_cache(config.num_layers, 1, 16, config.num_kv_heads, config.head_dim, jnp.float32)
@@ -66,12 +71,13 @@ def test_doubling_a_target_part_doubles_it_in_the_traced_forward_and_is_undone()
         return _count(jax.make_jaxpr(fwd)().jaxpr, "dot_general"), jax.jit(fwd)()
 
     base_dots, base_out = traced()
-    original = target._mlp_block
-    with ablation.doubling(["mlp"]):
-        assert target._mlp_block is not original
+    attr = ablation.PARTS[part][1]
+    original = getattr(target, attr)
+    with ablation.doubling([part]):
+        assert getattr(target, attr) is not original
         doubled_dots, doubled_out = traced()
-    assert target._mlp_block is original
-    assert doubled_dots == base_dots + 2 * config.num_layers  # gate/up and down, once more per layer
+    assert getattr(target, attr) is original
+    assert doubled_dots == base_dots + GEMMS_PER_LAYER[part] * config.num_layers
     np.testing.assert_array_equal(doubled_out, base_out)
 
 

@@ -26,7 +26,7 @@ PARTS = {
     "attention": ("longspec_jax.target", "hybrid_tree_attention",
                   "target attention: cache half, tree half, merge and their glue"),
     "qkv": ("longspec_jax.target", "_qkv", "target q/k/v GEMM, RoPE and slices"),
-    "o_down": ("longspec_jax.target", "linear", "target o and down GEMMs"),
+    "gemms": ("longspec_jax.target", "linear", "every target weight GEMM: q/k/v, o, gate/up, down"),
     "mlp": ("longspec_jax.target", "_mlp_block", "target gate/up GEMM, SiLU x up, down GEMM"),
     "norm": ("longspec_jax.target", "rms_norm", "target RMSNorms"),
     "lm_head": ("infer.speculative", "lm_head_logits", "target LM head of the verified nodes"),
