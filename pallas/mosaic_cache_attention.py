@@ -10,7 +10,7 @@ thread block (row block, split, kv head x batch) then runs:
 * one memory warpgroup that streams the chunk's K and V tiles into ``stages`` shared-memory slots by TMA;
 * ``compute_wgs`` warpgroups of 64 query rows each: ``S = Q K^T`` and ``O += P V`` with wgmma, the online
   softmax in float32 registers in between. Two compute warpgroups take turns on the tensor cores (one runs its
-  softmax while the other multiplies), as in FlashAttention-3.
+  softmax while the other multiplies), as in FlashAttention-3, unless ``pingpong=False``.
 
 A compute warpgroup whose 64 rows are all padding (past the ``valid_rows`` the caller names: 296 folded rows fill
 six warpgroups' 384, the sixth none) only keeps pace with the barrier protocol: it takes its turns and frees the
@@ -64,6 +64,7 @@ class MosaicConfig:
     compute_wgs: int = 2
     accumulate: str = "state"  # P V straight into the output accumulator (pl.run_state); "fresh": into a new
     # accumulator, then rescale-and-add in one FMA (2% slower on the H200; what jax's interpreter can run)
+    pingpong: bool = True  # two compute warpgroups take turns on the tensor cores; False: each issues when ready
 
     def rows_per_block(self) -> int:
         return self.compute_wgs * ROWS_PER_WG
@@ -156,7 +157,7 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
     def key0(i):  # first key of block i
         return jnp.minimum(start + i * bk, last_key0)
 
-    pingpong = C == 2
+    pingpong = C == 2 and cfg.pingpong
 
     def take_turn():
         plgpu.barrier_arrive(turn)
@@ -169,18 +170,18 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
         plgpu.set_max_registers(min(232, (65536 // 128 - 40) // C // 8 * 8), action="increase")
 
     @pl.when((wg < C) & (row0 >= valid_rows))
-    def _idle():  # rows all padding: take the turns and free the slots, compute nothing
+    def _idle():  # rows all padding: compute nothing, but take the turns and free each K/V tile once it has come
+        # (freeing a slot before its tile has come could count towards the slot's next use)
         if pingpong:
             pl.when(wg == 1)(take_turn)
 
         def step(i, _):
             slot, refilled = lax.rem(i, stages), i + stages < steps
-            if pingpong:
-                take_turn()
-            pl.when(refilled)(lambda: plgpu.barrier_arrive(k_free.at[slot]))
-            if pingpong:
-                take_turn()
-            pl.when(refilled)(lambda: plgpu.barrier_arrive(v_free.at[slot]))
+            for ready, free in ((k_ready, k_free), (v_ready, v_free)):
+                plgpu.barrier_wait(ready.at[slot])
+                if pingpong:
+                    take_turn()
+                pl.when(refilled)(functools.partial(plgpu.barrier_arrive, free.at[slot]))
 
         lax.fori_loop(0, steps, step, None)
         if pingpong:

@@ -108,5 +108,7 @@ def test_mosaic_variants_are_the_asked_one_step_changes():
     assert splits_only[1:] and all(changed(c) == {"num_splits"} for c in splits_only[1:])
     assert attention.variant_kinds_arg("none") == () and attention.variant_kinds_arg("wgs,splits") == ("wgs", "splits")
     assert attention.variant_kinds_arg(",".join(VARIANT_KINDS)) == VARIANT_KINDS
+    assert variants(base, 16384, ("schedule",)) == [base, dataclasses.replace(base, pingpong=False)]
+    assert variants(dataclasses.replace(base, compute_wgs=3), 16384, ("schedule",))[1:] == []  # ping-pong needs two
     with pytest.raises(argparse.ArgumentTypeError, match="unknown variant kind"):
-        attention.variant_kinds_arg("schedule")
+        attention.variant_kinds_arg("barrier")

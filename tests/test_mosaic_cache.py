@@ -89,10 +89,12 @@ CASES = {
     # 48 rows in a block of two warpgroups: the second is all padding and only keeps pace (turns, slot refills)
     "pingpong-idle-wg-refills": (1, 12, 1024, 4, 1, 64, [1000], MosaicConfig(num_splits=2, block_kv=64, stages=2,
                                                                               compute_wgs=2)),
+    "free-idle-wg-refills": (1, 12, 1024, 4, 1, 64, [1000], MosaicConfig(num_splits=2, block_kv=64, stages=2,
+                                                                          compute_wgs=2, pingpong=False)),
 }
 # Three compute warpgroups run on the GPU only: the interpreter runs a block's warpgroups as concurrent XLA
 # executions, and on a 2-core machine a fourth one never starts while the others wait at a barrier.
-DEFAULT_SUITE = ("wg1-splits3", "pingpong-stages3-d128", "pingpong-idle-wg-refills")
+DEFAULT_SUITE = ("wg1-splits3", "pingpong-stages3-d128", "pingpong-idle-wg-refills", "free-idle-wg-refills")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in DEFAULT_SUITE else pytest.mark.slow)
@@ -183,6 +185,7 @@ GPU_CASES = {  # the verification pass's shapes at 4k, every variant the benchma
     "llama-default": (2, 74, 4096, 32, 8, 128, [4096, 100], None),
     "llama-wg1-bk64": (1, 74, 4096, 32, 8, 128, [2049], dict(compute_wgs=1, block_kv=64, stages=4)),
     "llama-wg3": (1, 74, 4096, 32, 8, 128, [4000], dict(compute_wgs=3)),
+    "padded-free": (1, 74, 4096, 72, 18, 64, [4000], dict(pingpong=False)),
     "mha-empty": (2, 9, 4096, 32, 32, 128, [0, 63], None),
     "gqa7-prefill": (1, 512, 4096, 28, 4, 128, [3500], None),
 }

@@ -32,7 +32,7 @@ def parse_shapes(text: str) -> list[tuple[str, int, int, int]]:
     return shapes
 
 
-VARIANT_KINDS = ("accumulate", "wgs", "stages", "block", "splits")
+VARIANT_KINDS = ("accumulate", "wgs", "schedule", "stages", "block", "splits")
 
 
 def variants(base, capacity: int, kinds=VARIANT_KINDS) -> list:
@@ -44,6 +44,8 @@ def variants(base, capacity: int, kinds=VARIANT_KINDS) -> list:
         out.append(dataclasses.replace(base, accumulate="fresh"))
     if "wgs" in kinds:
         out += [dataclasses.replace(base, compute_wgs=c) for c in (1, 2, 3) if c != base.compute_wgs]
+    if "schedule" in kinds and base.compute_wgs == 2:
+        out.append(dataclasses.replace(base, pingpong=not base.pingpong))
     if "stages" in kinds:
         out += [dataclasses.replace(base, stages=st) for st in (2, 4) if st != base.stages]
     if "block" in kinds and base.block_kv != 64:
@@ -106,7 +108,7 @@ def run_sweep_mosaic(args, copy_bw, t_start, timer: OpTimer) -> list:
 def mosaic_markdown(rows: list) -> list[str]:
     lines = ["## Mosaic GPU cache half: launch shapes against cuDNN and the roofline (74 queries, us per call)", ""]
     lines += md_header(["model", "D", "S", "B", "impl", "splits", "block_kv", "stages", "compute wgs",
-                        "accumulate", "us", "% of roofline", "roofline us"])
+                        "ping-pong", "accumulate", "us", "% of roofline", "roofline us"])
     for r in rows:
         c = r.get("config") or {}
         us = f"{r['us']:.1f}" if "us" in r else r.get("error", "")[:80].replace("|", "/")
@@ -114,5 +116,5 @@ def mosaic_markdown(rows: list) -> list[str]:
         label = r["impl"] + (" (default)" if r.get("default") else "")
         lines.append(md_row([r["model"], r["D"], r["S"], r["B"], label, c.get("num_splits", "-"),
                              c.get("block_kv", "-"), c.get("stages", "-"), c.get("compute_wgs", "-"),
-                             c.get("accumulate", "-"), us, frac, f"{r['roofline_us']:.1f}"]))
+                             c.get("pingpong", "-"), c.get("accumulate", "-"), us, frac, f"{r['roofline_us']:.1f}"]))
     return lines + [""]
