@@ -92,6 +92,15 @@ def test_unknown_parts_and_phases_are_named_before_anything_loads(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--out", "unused", "--smoke", "--ablate", "mlp,nope"])
     assert "unknown part(s) nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "unused", "--smoke", "--impls", "mosaic,flash"])
+    assert "unknown attention impl(s) flash" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "unused", "--smoke", "--impls", "mosaic,xla,mosaic"])
+    assert "each impl at most once" in capsys.readouterr().err
+    variants = parse_args(["--out", "unused", "--smoke", "--attention", "auto", "--impls", "mosaic,auto"]).variants
+    assert [(name, v.impl) for name, v in variants.items()] == [("default", None), ("impl_mosaic", "mosaic"),
+                                                                ("impl_auto", "auto")]
 
 
 def test_unknown_parts_are_named():
@@ -114,3 +123,17 @@ def test_profile_smoke_with_ablation(tmp_path):
     assert variants["x2_norm"]["verify"]["launches"] > variants["default"]["verify"]["launches"]
     text = (tmp_path / "bench_profile.md").read_text()
     assert "| part (computed twice) | tree_level2 | verify |" in text and "| norm: target RMSNorms |" in text
+
+
+@pytest.mark.slow
+def test_profile_smoke_with_another_attention_impl(tmp_path):
+    """An impl variant's phases are compiled with that impl: the naive one's verify has other kernels."""
+    from infer.bench.profile import main
+
+    assert main(["--out", str(tmp_path), "--smoke", "--impls", "naive", "--phases", "verify"]) == 0
+    report = json.loads((tmp_path / "bench_profile.json").read_text())
+    assert report["attention"] == "xla"
+    variants = report["contexts"]["40"]
+    assert set(variants) == {"default", "impl_naive"}
+    ops = {v: {x["what"] for x in rows["verify"]["by_source"]} for v, rows in variants.items()}
+    assert ops["default"] != ops["impl_naive"], ops

@@ -11,7 +11,9 @@ whole round) is profiled in the in-loop timing from the post-prefill state (:mod
 step, summed kernel time, GPU-busy time and wall time per step, and where the time goes by source function and
 by kernel. ``--options`` adds XLA compiler-option variants (e.g. command buffers off) of every phase; ``--ablate``
 adds one variant per named part with that part computed twice (:mod:`infer.bench.ablation`): its time over the
-default's is the part's marginal cost in the round. ``--phases`` picks the phases.
+default's is the part's marginal cost in the round; ``--impls`` adds one variant per attention impl, timed after
+the default (``--attention``) in the same process, so ``--attention auto --impls mosaic,auto`` times A, B, A.
+``--phases`` picks the phases.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 
 from infer.bench.ablation import PARTS, doubling, parse_parts
 from infer.bench.decode import LLAMA3_8B, TINY
-from infer.bench.harness import arg_parser, log, md_header, md_row, write_report
+from infer.bench.harness import arg_parser, log, md_header, md_row, names_arg, write_report
 from infer.bench.random_model import random_target
 from infer.bench.spec import add_round_args, check_round_args, load_pair
 from infer.bench.spec_phases import after
@@ -38,18 +40,22 @@ from infer.decoding import StopCriteria
 from infer.generate import pad_prompts, plan_speculative
 from infer.plain import decode_step
 from infer.speculative import spec_round, speculative_start, verify
+from longspec_jax.attention import IMPLS
 from longspec_jax.draft import DraftConfig, draft_root, init_draft
 from longspec_jax.sampling import SamplingConfig
 from longspec_jax.tree import grow_tree, start_tree
 
 
 ABLATE_PREFIX = "x2_"  # variant name of a doubled part
+IMPL_PREFIX = "impl_"  # variant name of another attention impl
 
 
 class Variant(NamedTuple):
-    """XLA compiler options of every phase's compile, and the parts computed twice (:mod:`infer.bench.ablation`)."""
+    """XLA compiler options of every phase's compile, the parts computed twice (:mod:`infer.bench.ablation`), and
+    the attention impl (None: the pair's)."""
     options: dict
     doubled: tuple = ()
+    impl: str | None = None
 
 
 def level_phase(k: int) -> str:
@@ -90,17 +96,18 @@ def phase_steps(settings, stop):
     return dict(zip(phase_names(spec.depth), steps, strict=True))
 
 
-def profile_context(settings, stop, tparams, weights, tokens, lengths, reps: int, variants: dict[str, Variant],
+def profile_context(plan, stop, tparams, weights, tokens, lengths, reps: int, variants: dict[str, Variant],
                     hlo_dir: str | None = None, phases: tuple[str, ...] | None = None, out: dict | None = None,
                     on_variant=lambda: None) -> dict:
     """Every phase (or those of ``phases``) under every variant, into ``out`` (``{variant: {phase: summary}}``;
-    ``on_variant()`` runs after each, e.g. to write the report so far); the carries are rebuilt from the
-    post-prefill state. ``hlo_dir``: each phase's compiled module is written there too, as
-    ``VARIANT_PHASE.hlo.txt``."""
-    start = jax.jit(lambda p, d, t, l, k: speculative_start(settings, p, d, t, l, stop, k))
-    fresh_state = lambda: start(tparams, weights, tokens, lengths, jax.random.PRNGKey(0))  # noqa: E731
+    ``on_variant()`` runs after each, e.g. to write the report so far); ``plan(impl)`` gives the round's settings
+    with attention impl ``impl`` (None: the pair's); the carries are rebuilt from the post-prefill state.
+    ``hlo_dir``: each phase's compiled module is written there too, as ``VARIANT_PHASE.hlo.txt``."""
     out = {} if out is None else out
     for variant, how in variants.items():
+        settings = plan(how.impl)
+        start = jax.jit(lambda p, d, t, l, k: speculative_start(settings, p, d, t, l, stop, k))  # noqa: B023
+        fresh_state = functools.partial(start, tparams, weights, tokens, lengths, jax.random.PRNGKey(0))
         with doubling(how.doubled):  # the phases' step functions are made (and traced) afresh inside
             out[variant] = _profile_variant(variant, how.options, fresh_state, settings, stop, tparams, weights,
                                             reps, hlo_dir, phases)
@@ -164,17 +171,19 @@ def run(args) -> dict:
     log(f"pair loaded in {time.perf_counter() - t0:.0f} s")
     results: dict = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
                      "jax": jax.__version__, "model": args.model, "tree_shape": list(args.tree),
-                     "temperature": args.temperature, "draft_sampling": args.draft_sampling, "contexts": {}}
+                     "temperature": args.temperature, "draft_sampling": args.draft_sampling, "attention": impl,
+                     "contexts": {}}
     stop = StopCriteria.make(args.new_tokens, [])
     for ctx in args.contexts:
-        settings = plan_speculative(target, draft, ctx, args.new_tokens, SamplingConfig(args.temperature), args.tree,
-                                    512, impl, args.draft_sampling)
-        tokens, lengths = pad_prompts([np.asarray(stream[:ctx], np.int32)], settings.base.prompt_len)
+        def plan(variant_impl, ctx=ctx):
+            return plan_speculative(target, draft, ctx, args.new_tokens, SamplingConfig(args.temperature), args.tree,
+                                    512, variant_impl or impl, args.draft_sampling)
+        tokens, lengths = pad_prompts([np.asarray(stream[:ctx], np.int32)], plan(None).base.prompt_len)
         hlo_dir = os.path.join(args.out, "hlo", str(ctx)) if args.hlo else None
         if hlo_dir:
             os.makedirs(hlo_dir, exist_ok=True)
         results["contexts"][ctx] = {}
-        profile_context(settings, stop, target.params, draft.weights, tokens, lengths, args.reps, args.variants,
+        profile_context(plan, stop, target.params, draft.weights, tokens, lengths, args.reps, args.variants,
                         hlo_dir, args.phases, out=results["contexts"][ctx],
                         on_variant=lambda: write_report(args.out, "bench_profile", results, markdown(results)))
     return results
@@ -231,6 +240,9 @@ def parse_args(argv=None):
     p.add_argument("--ablate", type=parse_parts, default=(), metavar="PART,...",
                    help="one more variant per part, computed twice: its marginal cost in the round; parts: "
                         + ", ".join(PARTS))
+    p.add_argument("--impls", type=names_arg(IMPLS, "attention impl"), default=(), metavar="IMPL,...",
+                   help="one more variant per attention impl, after the default (--attention): e.g. --attention auto "
+                        "--impls mosaic,auto times auto, mosaic, auto in one process; impls: " + ", ".join(IMPLS))
     p.add_argument("--phases", default=None, metavar="PHASE,...",
                    help="phases to profile (default all: plain, draft_step0, tree_levelK, verify, round)")
     p.add_argument("--hlo", action="store_true",
@@ -243,6 +255,9 @@ def parse_args(argv=None):
     args.reps = args.reps or (2 if args.smoke else 20)
     args.variants = {name: Variant(opts) for name, opts in {"default": {}, **json.loads(args.options)}.items()}
     args.variants.update({ABLATE_PREFIX + part: Variant({}, (part,)) for part in args.ablate})
+    if len(set(args.impls)) < len(args.impls):
+        p.error(f"--impls: each impl at most once, got {','.join(args.impls)}")
+    args.variants.update({IMPL_PREFIX + impl: Variant({}, impl=impl) for impl in args.impls})
     args.phases = tuple(args.phases.split(",")) if args.phases else None
     known = phase_names(len(args.tree))
     unknown = sorted(set(args.phases or ()) - set(known))
