@@ -81,6 +81,31 @@ def test_doubling_a_target_part_doubles_it_in_the_traced_forward_and_is_undone(p
     np.testing.assert_array_equal(doubled_out, base_out)
 
 
+@pytest.mark.parametrize("part", ["draft_mlp", "draft_gemms"])
+def test_doubling_a_draft_class_method_doubles_its_gemms_and_is_undone(part):
+    """Parts that are methods of the draft's Flax modules: the MLP's three GEMMs run twice, outputs unchanged."""
+    import flax.linen as nn
+
+    from longspec_jax.draft import DraftConfig, DraftMLP, init_draft
+
+    tgt = random_target(TINY, None, jnp.float32, 0.02)
+    draft = init_draft(DraftConfig.from_target(tgt.config), jax.random.PRNGKey(1))
+    x = jnp.full((1, 3, tgt.config.hidden_size), 0.1)
+
+    def traced():
+        def mlp():
+            return draft.module.apply(draft.variables, x, method=lambda m, h: m.mlp(h))
+        return _count(jax.make_jaxpr(mlp)().jaxpr, "dot_general"), jax.jit(mlp)()
+
+    originals = DraftMLP.__call__, nn.Dense.__call__
+    base_dots, base_out = traced()
+    with ablation.doubling([part]):
+        doubled_dots, doubled_out = traced()
+    assert (DraftMLP.__call__, nn.Dense.__call__) == originals
+    assert base_dots == 3 and doubled_dots == 6
+    np.testing.assert_array_equal(doubled_out, base_out)
+
+
 def test_unknown_parts_and_phases_are_named_before_anything_loads(capsys):
     from infer.bench.profile import parse_args
 

@@ -7,7 +7,8 @@ input is the first's perturbed by a scalar of its output times 1e-30 (unknown to
 hoisted), and its output is kept alive by a select that never picks it. The extra select is one elementwise
 pass over the part's output, usually fused into its consumer.
 
-Parts are module attributes looked up when the round is traced, patched while ``doubling`` is active.
+Parts are module attributes (or class attributes, ``Class.method``) looked up when the round is traced, patched
+while ``doubling`` is active.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ PARTS = {
     "draft_cross": ("longspec_jax.draft", "cache_attention", "draft cross-attention into the target's cache"),
     "draft_self": ("longspec_jax.draft", "windowed_ring_attention", "draft windowed self-attention"),
     "draft_lm_head": ("longspec_jax.draft", "lm_head_logits", "draft LM head (shared with the target)"),
+    "draft_mlp": ("longspec_jax.draft", "DraftMLP.__call__", "draft MLP: gate, up and down GEMMs, SiLU x up"),
+    "draft_gemms": ("flax.linen", "Dense.__call__", "every draft weight GEMM (the draft's flax Dense layers)"),
     "top_k": ("longspec_jax.tree", "top_k", "per-parent top-k over the vocabulary in the tree levels"),
 }
 
@@ -74,7 +77,10 @@ def doubling(parts):
     Trace a function made inside the block: jax reuses the trace of a function object it has traced before."""
     with contextlib.ExitStack() as stack:
         for part in parts:
-            module, attr, _ = PARTS[part]
+            module, path, _ = PARTS[part]
+            *owner_path, attr = path.split(".")
             owner = importlib.import_module(module)
+            for name in owner_path:
+                owner = getattr(owner, name)
             stack.enter_context(mock.patch.object(owner, attr, doubled(getattr(owner, attr))))
         yield
