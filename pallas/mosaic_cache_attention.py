@@ -13,8 +13,8 @@ thread block (row block, split, kv head x batch) then runs:
   softmax while the other multiplies), as in FlashAttention-3, unless ``pingpong=False``.
 
 A compute warpgroup whose 64 rows are all padding (past the ``valid_rows`` the caller names: 296 folded rows fill
-six warpgroups' 384, the sixth none) only keeps pace with the barrier protocol: it takes its turns and frees the
-K/V slots, so its partner runs alone, and its rows of the output stay unwritten.
+six warpgroups' 384, the sixth none) only keeps pace with the barrier protocol: it takes its turns and frees each
+K/V slot once its tile has come, so its partner runs alone, and its rows of the output stay unwritten.
 
 It writes each split's normalised output ``[splits, B, R, K, D]`` (q's dtype) and float32 natural-log LSE
 ``[splits, B, K, R]``. An empty split gets output 0 and LSE ``-inf``. :func:`mosaic_cache_attention` folds the
@@ -65,6 +65,7 @@ class MosaicConfig:
     accumulate: str = "state"  # P V straight into the output accumulator (pl.run_state); "fresh": into a new
     # accumulator, then rescale-and-add in one FMA (2% slower on the H200; what jax's interpreter can run)
     pingpong: bool = True  # two compute warpgroups take turns on the tensor cores; False: each issues when ready
+    # (slower on the H200, docs/benchmarks.md 7f; the schedule three warpgroups always use, testable in the interpreter)
 
     def rows_per_block(self) -> int:
         return self.compute_wgs * ROWS_PER_WG
