@@ -326,8 +326,8 @@ def mosaic_cache_partials(q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B
     q_BxRxKxD: folded queries (``fold_group``), R a multiple of ``cfg.rows_per_block()``. Returns
     ``(o [splits, B, R, K, D] in q.dtype, lse [splits, B, K, R] float32)``, each split normalised on its own.
     valid_rows: the rows that are not padding (default R); a warpgroup whose 64 rows all lie past them computes
-    nothing, and its rows of the output are left unwritten. ``interpret=True`` runs the kernel in jax's Mosaic GPU interpreter (any device; slow, for tests; always with
-    ``accumulate="fresh"``).
+    nothing, and its rows of the output are left unwritten. ``interpret=True`` runs the kernel in jax's Mosaic GPU
+    interpreter (any device; slow, for tests; always with ``accumulate="fresh"``).
     """
     B, R, K, D = q_BxRxKxD.shape
     if k_cache_BxSxKxD.shape[0] != B or k_cache_BxSxKxD.shape[2:] != (K, D) or (

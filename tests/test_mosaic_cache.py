@@ -63,7 +63,8 @@ def _check_partials(B, M, S, H, K, D, lengths, cfg, interpret):
     q, k, v, k_bad, v_bad, lens = _inputs(B, M, S, H, K, D, lengths, cfg.block_kv)
     q_rows = fold_group(q, K, row_multiple=cfg.rows_per_block())
     R = M * (H // K)
-    o, lse = mosaic_cache_partials(q_rows, k_bad, v_bad, lens, cfg=cfg, scale=0.3, valid_rows=R, interpret=interpret)
+    o, lse = mosaic_cache_partials(q_rows, k_bad, v_bad, lens, cfg=cfg, scale=0.3, valid_rows=R,
+                                   interpret=interpret)
     assert o.shape == (cfg.num_splits, B, q_rows.shape[1], K, D) and lse.shape == (cfg.num_splits, B, K, q_rows.shape[1])
     o, lse = o[:, :, :R], jnp.swapaxes(lse, 2, 3)[:, :, :R]
     empty = np.isneginf(np.asarray(lse))
