@@ -20,14 +20,16 @@ from longspec_jax.cudnn_cache import cudnn_cache_attention, cudnn_supports
 from longspec_jax.mesh import HEAD_LSE, HEADS, ROWS, per_shard
 from pallas import cache_attention as pallas_cache_attention
 from pallas import tree_attention
-from pallas.mosaic_cache_attention import check_mosaic_operands, mosaic_cache_attention
+from pallas.mosaic_cache_attention import (check_mosaic_operands, mosaic_cache_attention, mosaic_runs_here,
+                                           mosaic_supports)
 from pallas.reference import cache_attention_reference, default_scale, masked_attention_reference, merge_partials
 from pallas.sizes import ceil_div
 
 IMPLS = ("auto", "gpu", "pallas", "cudnn", "mosaic", "xla", "naive")
-# "gpu" (what "auto" picks on a GPU) takes the cuDNN cache half from this many query rows (queries x GQA group)
-# on, in half precision; the Pallas split-K kernel below that. Set from the H200 sweep in docs/benchmarks.md.
-CUDNN_MIN_ROWS = 64
+# "gpu" (what "auto" picks on a GPU) takes a tensor-core cache half from this many query rows (queries x GQA group)
+# on, in half precision: the Mosaic GPU one on Hopper (docs/benchmarks.md 7g: 3% less busy rounds than cuDNN's),
+# cuDNN's elsewhere; the Pallas split-K kernel below that. Set from the H200 sweep in docs/benchmarks.md.
+TENSOR_CORE_MIN_ROWS = 64
 # "mosaic" takes the Mosaic GPU cache half from this many rows on (one compute warpgroup's), the Pallas one below.
 MOSAIC_MIN_ROWS = 64
 # The split cache halves, which merge the tree half (``extra=``) with their splits in one float32 merge.
@@ -93,8 +95,8 @@ def resolve_impl(impl: str) -> str:
     Impls: ``pallas`` (both halves Pallas kernels), ``cudnn`` (cache half: jax's cuDNN flash attention, split
     along the keys, :mod:`longspec_jax.cudnn_cache`; speculative half: Pallas), ``mosaic`` (cache half: the
     Hopper Mosaic GPU kernel, :mod:`pallas.mosaic_cache_attention`, in jax's Mosaic GPU interpreter off a GPU;
-    speculative half: Pallas), ``gpu`` (per call: ``cudnn``'s
-    cache half for many query rows in half precision, ``pallas`` otherwise), ``xla`` (blockwise jnp),
+    speculative half: Pallas), ``gpu`` (per call, :func:`gpu_cache_half`: for many query rows in half precision
+    ``mosaic``'s cache half on Hopper and ``cudnn``'s on other GPUs, ``pallas`` otherwise), ``xla`` (blockwise jnp),
     ``naive`` (one dense masked softmax). How the Pallas kernels are lowered (Triton on a GPU, interpret mode
     elsewhere) is a separate choice that :func:`pallas.backend.resolve_backend` makes from the device.
     """
@@ -105,12 +107,13 @@ def resolve_impl(impl: str) -> str:
     return impl
 
 
-def use_cudnn_cache_half(num_queries: int, num_heads: int, kv_heads: int, q_dtype, cache_dtype,
-                         head_dim: int) -> bool:
-    """The ``gpu`` impl's choice of cache half for one call's shapes (cuDNN needs a GPU backend)."""
-    rows = num_queries * (num_heads // kv_heads)
-    return (rows >= CUDNN_MIN_ROWS and cudnn_supports(q_dtype, cache_dtype, head_dim)
-            and jax.default_backend() == "gpu")
+def gpu_cache_half(num_queries: int, num_heads: int, kv_heads: int, q_dtype, cache_dtype, head_dim: int) -> str:
+    """The ``gpu`` impl's cache half for one call's shapes: ``mosaic``, ``cudnn`` or ``pallas``."""
+    if num_queries * (num_heads // kv_heads) < TENSOR_CORE_MIN_ROWS or jax.default_backend() != "gpu":
+        return "pallas"
+    if mosaic_supports(q_dtype, cache_dtype, head_dim) and mosaic_runs_here():
+        return "mosaic"
+    return "cudnn" if cudnn_supports(q_dtype, cache_dtype, head_dim) else "pallas"
 
 
 def naive_tree_attention(q, k_cache, v_cache, cache_len, k_new, v_new, mask, scale=None):
@@ -137,13 +140,13 @@ def _cache_half(impl: str, q_BxMxHxD, k_cache_BxSxKxD):
         return cache_attention_blockwise
     _, M, H, D = q_BxMxHxD.shape
     K = k_cache_BxSxKxD.shape[2]
+    if impl == "gpu":
+        impl = gpu_cache_half(M, H, K, q_BxMxHxD.dtype, k_cache_BxSxKxD.dtype, D)
     if impl == "mosaic":
         check_mosaic_operands("impl='mosaic'", q_BxMxHxD.dtype, k_cache_BxSxKxD.dtype, D)
         if M * (H // K) >= MOSAIC_MIN_ROWS:
             return functools.partial(mosaic_cache_attention, interpret=jax.default_backend() != "gpu")
         impl = "pallas"
-    if impl == "gpu":
-        impl = "cudnn" if use_cudnn_cache_half(M, H, K, q_BxMxHxD.dtype, k_cache_BxSxKxD.dtype, D) else "pallas"
     if impl == "pallas":
         return pallas_cache_attention
     if jax.default_backend() != "gpu":

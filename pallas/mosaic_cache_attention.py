@@ -45,7 +45,7 @@ from pallas.reference import check_cache_operands, default_scale
 from pallas.sizes import NUM_SMS, ceil_div
 
 __all__ = ["MosaicConfig", "ROWS_PER_WG", "mosaic_cache_attention", "mosaic_cache_partials", "default_mosaic_config",
-           "mosaic_supports", "check_mosaic_operands", "MOSAIC_DTYPES"]
+           "mosaic_supports", "check_mosaic_operands", "mosaic_runs_here", "MOSAIC_DTYPES"]
 
 ROWS_PER_WG = 64  # one wgmma's M: the query rows of a compute warpgroup
 MOSAIC_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -96,6 +96,13 @@ def mosaic_supports(q_dtype, cache_dtype, head_dim: int) -> bool:
             and head_dim % 64 == 0 and head_dim <= 256)
 
 
+def mosaic_runs_here() -> bool:
+    """Whether JAX's default device is a Hopper GPU (compute capability 9.x), the only one wgmma runs on."""
+    if jax.default_backend() != "gpu":
+        return False
+    return str(getattr(jax.devices()[0], "compute_capability", "")).startswith("9.")
+
+
 def check_mosaic_operands(who: str, q_dtype, cache_dtype, head_dim: int) -> None:
     """Raises a ValueError naming ``who`` when :func:`mosaic_supports` refuses these operands."""
     if not mosaic_supports(q_dtype, cache_dtype, head_dim):
@@ -108,21 +115,24 @@ def check_mosaic_operands(who: str, q_dtype, cache_dtype, head_dim: int) -> None
 # best of 5 to 10 split counts at each of four shapes): about 4.9 waves for head_dim 64, 1.8 for head_dim 128.
 # More splits fill the SMs better but write and merge more partial outputs.
 WAVES = {64: 4.9, 128: 1.8}
+# Fewest cache slots per split: shorter chunks spend more of their time filling the pipeline and writing partials
+# than extra waves win back (docs/benchmarks.md 7g: the draft's cross-attention, 64 rows at 16k, B=1: 24 splits
+# of 683 keys 38.4 us, the waves' 36 splits of 455 keys 46.0 us).
+MIN_SPLIT_KEYS = 640
 
 
 def default_mosaic_config(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int, *,
                           num_sms: int = NUM_SMS) -> MosaicConfig:
     """Two compute warpgroups (one for at most 64 rows), 128-key tiles (64 for head_dim > 128), two stages (three
-    for head_dim 64), and the split count whose thread blocks come closest to ``WAVES`` waves of the SMs (at most
-    one split per key block)."""
+    for head_dim 64), and the split count whose thread blocks come closest to ``WAVES`` waves of the SMs, with at
+    least ``MIN_SPLIT_KEYS`` of the ``capacity`` slots per split."""
     block_kv = 128 if head_dim <= 128 else 64
     stages = 3 if head_dim <= 64 else 2
     compute_wgs = 1 if rows <= ROWS_PER_WG else 2
     blocks = batch * kv_heads * ceil_div(rows, compute_wgs * ROWS_PER_WG)
     waves = WAVES[64] if head_dim <= 64 else WAVES[128]
-    splits = round(waves * num_sms / blocks)
-    return MosaicConfig(num_splits=int(min(max(splits, 1), capacity // block_kv)), block_kv=block_kv, stages=stages,
-                        compute_wgs=compute_wgs)
+    splits = min(round(waves * num_sms / blocks), capacity // MIN_SPLIT_KEYS)
+    return MosaicConfig(num_splits=int(max(splits, 1)), block_kv=block_kv, stages=stages, compute_wgs=compute_wgs)
 
 
 def _layout_cast(x, layout, interpret: bool):

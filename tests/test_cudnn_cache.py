@@ -7,6 +7,7 @@ merge, unfolding) is checked here; the cuDNN kernel itself is checked by the GPU
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 import jax
@@ -143,16 +144,22 @@ def test_cudnn_supports():
     assert not cudnn_supports(jnp.bfloat16, jnp.bfloat16, 60)
 
 
-def test_gpu_impl_picks_cache_half_by_rows_and_dtype(monkeypatch):
-    rows = attention.CUDNN_MIN_ROWS
+def test_gpu_impl_picks_cache_half_by_rows_dtype_and_gpu(monkeypatch):
+    rows = attention.TENSOR_CORE_MIN_ROWS
+    pick = functools.partial(attention.gpu_cache_half, num_heads=32, kv_heads=8, head_dim=128)
+    bf16 = dict(q_dtype=jnp.bfloat16, cache_dtype=jnp.bfloat16)
     monkeypatch.setattr(attention.jax, "default_backend", lambda: "cpu")
-    assert not attention.use_cudnn_cache_half(rows, 32, 8, jnp.bfloat16, jnp.bfloat16, 128)  # CPU: no cuDNN
+    assert pick(rows, **bf16) == "pallas"  # CPU: no cuDNN, no Mosaic GPU
     assert attention.resolve_impl("auto") == "xla"
     monkeypatch.setattr(attention.jax, "default_backend", lambda: "gpu")
-    assert attention.use_cudnn_cache_half(rows // 4, 32, 8, jnp.bfloat16, jnp.bfloat16, 128)
-    assert not attention.use_cudnn_cache_half(rows // 4 - 1, 32, 8, jnp.bfloat16, jnp.bfloat16, 128)
-    assert not attention.use_cudnn_cache_half(1, 32, 8, jnp.bfloat16, jnp.bfloat16, 128)  # decode
-    assert not attention.use_cudnn_cache_half(512, 32, 8, jnp.float32, jnp.float32, 128)  # cuDNN: no float32
+    for hopper, big in ((True, "mosaic"), (False, "cudnn")):
+        monkeypatch.setattr(attention, "mosaic_runs_here", lambda: hopper)
+        assert pick(rows // 4, **bf16) == big
+        assert pick(rows // 4 - 1, **bf16) == "pallas"
+        assert pick(1, **bf16) == "pallas"  # decode
+        assert pick(512, q_dtype=jnp.float32, cache_dtype=jnp.float32) == "pallas"  # neither takes float32
+    monkeypatch.setattr(attention, "mosaic_runs_here", lambda: True)
+    assert pick(64, q_dtype=jnp.float16, cache_dtype=jnp.float16, head_dim=96) == "cudnn"  # Mosaic: D % 64 only
     with pytest.raises(ValueError, match="unknown attention impl 'flash'"):
         attention.resolve_impl("flash")
 

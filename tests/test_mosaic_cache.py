@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,7 @@ import pytest
 from longspec_jax import attention
 from pallas.folding import fold_group
 from pallas.mosaic_cache_attention import (ROWS_PER_WG, MosaicConfig, default_mosaic_config, mosaic_cache_attention,
-                                           mosaic_cache_partials, mosaic_supports)
+                                           mosaic_cache_partials, mosaic_runs_here, mosaic_supports)
 from pallas.reference import cache_attention_reference, masked_attention_reference, merge_partials
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -146,6 +147,14 @@ def test_kernel_lowers_for_a_gpu_in_every_variant():
         assert "mosaic_gpu" in text, cfg
 
 
+def test_mosaic_runs_on_hopper_gpus_only(monkeypatch):
+    assert not mosaic_runs_here()  # this suite's CPU backend
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    for capability, hopper in (("9.0", True), ("8.0", False), ("10.0", False)):
+        monkeypatch.setattr(jax, "devices", lambda c=capability: [SimpleNamespace(compute_capability=c)])
+        assert mosaic_runs_here() is hopper, capability
+
+
 def test_config_rules_and_errors():
     # the H200 sweep's best split counts: padded 8B heads at 16k and 32k (54 blocks), at batch 4 (216), Llama-3-8B (24)
     assert default_mosaic_config(1, 18, 296, 16384, 64) == MosaicConfig(num_splits=12, block_kv=128, stages=3,
@@ -154,7 +163,13 @@ def test_config_rules_and_errors():
     assert default_mosaic_config(4, 18, 296, 16384, 64).num_splits == 3
     assert default_mosaic_config(1, 8, 296, 32768, 128).num_splits == 10
     assert default_mosaic_config(4, 8, 48, 4096, 128).compute_wgs == 1  # at most one warpgroup's rows
-    assert default_mosaic_config(1, 2, 296, 512, 64).num_splits == 4  # capped by the 4 key blocks
+    # the draft's cross-attention (16 queries x 4): the waves' 36 splits of 455 keys at 16k, capped at 640 keys each
+    assert default_mosaic_config(1, 18, 64, 16384, 64) == MosaicConfig(num_splits=25, block_kv=128, stages=3,
+                                                                        compute_wgs=1)
+    assert default_mosaic_config(1, 18, 64, 32768, 64).num_splits == 36
+    assert default_mosaic_config(4, 18, 64, 16384, 64).num_splits == 9
+    assert default_mosaic_config(1, 2, 296, 2048, 64).num_splits == 3  # short caches: few long chunks
+    assert default_mosaic_config(1, 2, 296, 512, 64).num_splits == 1
     assert MosaicConfig(num_splits=1, compute_wgs=3).rows_per_block() == 3 * ROWS_PER_WG
     assert mosaic_supports(jnp.bfloat16, jnp.bfloat16, 128) and not mosaic_supports(jnp.bfloat16, jnp.bfloat16, 96)
     assert not mosaic_supports(jnp.float32, jnp.float32, 64) and not mosaic_supports(jnp.float16, jnp.bfloat16, 64)
