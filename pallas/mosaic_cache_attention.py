@@ -123,15 +123,18 @@ MIN_SPLIT_KEYS = 640
 
 def default_mosaic_config(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int, *,
                           num_sms: int = NUM_SMS) -> MosaicConfig:
-    """Two compute warpgroups (one for at most 64 rows), 128-key tiles (64 for head_dim > 128), two stages (three
-    for head_dim 64), and the split count whose thread blocks come closest to ``WAVES`` waves of the SMs, with at
-    least ``MIN_SPLIT_KEYS`` of the ``capacity`` slots per split."""
+    """Compute warpgroups: one for at most 64 rows, two up to 128, and above that two (three for head_dim 64:
+    docs/benchmarks.md 7h, 1.8% less busy verification in the round and 16% faster prefill chunks alone); 128-key
+    tiles (64 for head_dim > 128), two stages (three for head_dim 64); the split count whose thread blocks of (up
+    to) two warpgroups come closest to ``WAVES`` waves of the SMs, with at least ``MIN_SPLIT_KEYS`` of the
+    ``capacity`` slots per split (three warpgroups keep two's split count: 7h, more splits were slower)."""
     block_kv = 128 if head_dim <= 128 else 64
     stages = 3 if head_dim <= 64 else 2
-    compute_wgs = 1 if rows <= ROWS_PER_WG else 2
-    blocks = batch * kv_heads * ceil_div(rows, compute_wgs * ROWS_PER_WG)
+    two = 1 if rows <= ROWS_PER_WG else 2
+    blocks = batch * kv_heads * ceil_div(rows, two * ROWS_PER_WG)
     waves = WAVES[64] if head_dim <= 64 else WAVES[128]
     splits = min(round(waves * num_sms / blocks), capacity // MIN_SPLIT_KEYS)
+    compute_wgs = 3 if head_dim <= 64 and rows > 2 * ROWS_PER_WG else two
     return MosaicConfig(num_splits=int(max(splits, 1)), block_kv=block_kv, stages=stages, compute_wgs=compute_wgs)
 
 
@@ -364,13 +367,16 @@ def mosaic_cache_attention(q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_
     """Every query attends to cache slots ``[0, lengths[b])`` (the contract of
     :func:`pallas.reference.cache_attention_reference`). Returns ``(o_BxMxHxD in q.dtype, lse_BxMxH float32)``.
 
-    config: launch shape (default :func:`default_mosaic_config`). extra: ``(o_BxMxHxD, lse_BxMxH)`` of another,
+    config: launch shape (default :func:`default_mosaic_config`, at most two compute warpgroups in the
+    interpreter). extra: ``(o_BxMxHxD, lse_BxMxH)`` of another,
     disjoint key set (the tree half), merged with the splits in the same float32 merge.
     """
     check_cache_operands("mosaic_cache_attention", q_BxMxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B)
     B, M, H, D = q_BxMxHxD.shape
     S, K = k_cache_BxSxKxD.shape[1], k_cache_BxSxKxD.shape[2]
     cfg = default_mosaic_config(B, K, M * (H // K), S, D) if config is None else config
+    if interpret and config is None and cfg.compute_wgs > 2:  # the interpreter runs a block's warpgroups as
+        cfg = dataclasses.replace(cfg, compute_wgs=2)         # concurrent executions: on 2 cores 3 + 1 stall
     q_BxRxKxD = fold_group(q_BxMxHxD, K, row_multiple=cfg.rows_per_block())
     o_PxBxRxKxD, lse_PxBxKxR = mosaic_cache_partials(
         q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, cfg=cfg,

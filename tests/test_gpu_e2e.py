@@ -1,6 +1,7 @@
 """GPU end to end: bf16 speculative decoding equals plain greedy decoding, up to divergences at near-ties of the
-target's logits (architecture.md section 7), with the all-Pallas attention, with what ``auto`` picks (cuDNN
-cache half for verification and prefill) and with the Mosaic GPU cache half. Run with JAX_PLATFORMS=cuda."""
+target's logits (architecture.md section 7), with the all-Pallas attention, with what ``auto`` picks (on Hopper
+the Mosaic GPU cache half for verification and prefill), and with the Mosaic GPU and the cuDNN cache halves
+named. Run with JAX_PLATFORMS=cuda."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def _check_same_or_near_tie(prompt, ours, ref, target32):
 
 
 @pytest.mark.skipif(not os.path.isdir(FIXTURE), reason="fixture model not present")
-@pytest.mark.parametrize("attention", ["pallas", "auto", "mosaic"])
+@pytest.mark.parametrize("attention", ["pallas", "auto", "mosaic", "cudnn"])
 def test_bf16_speculative_matches_greedy(attention):
     target = load_target(FIXTURE, dtype=jnp.bfloat16)
     target32 = load_target(FIXTURE, dtype=jnp.float32, load_tokenizer=False)
@@ -60,7 +61,7 @@ def test_bf16_speculative_matches_greedy(attention):
 
 
 @pytest.mark.skipif(not os.path.isdir(FIXTURE), reason="fixture model not present")
-@pytest.mark.parametrize("attention", ["pallas", "auto", "mosaic"])
+@pytest.mark.parametrize("attention", ["pallas", "auto", "mosaic", "cudnn"])
 def test_bf16_speculative_matches_greedy_at_32k(attention):
     """32k tokens of dev-split source (pygments, pyparsing, mpmath on the GPU box) as the prompt."""
     from infer.bench.spec_inputs import dev_prompt_tokens

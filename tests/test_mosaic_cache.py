@@ -121,6 +121,22 @@ def test_hybrid_mosaic_impl_equals_naive_in_the_interpreter():
     _assert_close(o, lse, ref_o, ref_lse)
 
 
+def test_interpreter_default_runs_at_most_two_compute_warpgroups(monkeypatch):
+    """Three compute warpgroups (the GPU default above 128 rows at head_dim 64) would stall the interpreter."""
+    import pallas.mosaic_cache_attention as mca
+    seen = []
+
+    def record(*args, cfg, **kw):
+        seen.append(cfg)
+        raise RuntimeError("recorded")
+    monkeypatch.setattr(mca, "mosaic_cache_partials", record)
+    q, k, v, _, _, lens = _inputs(1, 37, 256, 16, 4, 64, [200], 128, tag="wgs")  # 148 rows
+    assert default_mosaic_config(1, 4, 148, 256, 64).compute_wgs == 3
+    with pytest.raises(RuntimeError, match="recorded"):
+        mosaic_cache_attention(q, k, v, lens, interpret=True)
+    assert seen[0].compute_wgs == 2
+
+
 def test_mosaic_impl_keeps_few_rows_on_the_pallas_half_and_names_what_it_cannot_run(monkeypatch):
     calls = []
     monkeypatch.setattr(attention, "pallas_cache_attention", lambda *a, **kw: calls.append("pallas") or
@@ -158,7 +174,9 @@ def test_mosaic_runs_on_hopper_gpus_only(monkeypatch):
 def test_config_rules_and_errors():
     # the H200 sweep's best split counts: padded 8B heads at 16k and 32k (54 blocks), at batch 4 (216), Llama-3-8B (24)
     assert default_mosaic_config(1, 18, 296, 16384, 64) == MosaicConfig(num_splits=12, block_kv=128, stages=3,
-                                                                         compute_wgs=2)
+                                                                         compute_wgs=3)
+    assert default_mosaic_config(1, 18, 128, 16384, 64).compute_wgs == 2  # three would idle one of 192 rows
+    assert default_mosaic_config(1, 8, 296, 16384, 128).compute_wgs == 2  # three: twice as slow at head_dim 128
     assert default_mosaic_config(1, 18, 296, 32768, 64).num_splits == 12
     assert default_mosaic_config(4, 18, 296, 16384, 64).num_splits == 3
     assert default_mosaic_config(1, 8, 296, 32768, 128).num_splits == 10
@@ -201,7 +219,9 @@ GPU_CASES = {  # the verification pass's shapes at 4k, every variant the benchma
     "llama-default": (2, 74, 4096, 32, 8, 128, [4096, 100], None),
     "llama-wg1-bk64": (1, 74, 4096, 32, 8, 128, [2049], dict(compute_wgs=1, block_kv=64, stages=4)),
     "llama-wg3": (1, 74, 4096, 32, 8, 128, [4000], dict(compute_wgs=3)),
-    "padded-free": (1, 74, 4096, 72, 18, 64, [4000], dict(pingpong=False)),
+    "padded-wg2": (1, 74, 4096, 72, 18, 64, [4000], dict(compute_wgs=2)),
+    "padded-free": (1, 74, 4096, 72, 18, 64, [4000], dict(compute_wgs=2, pingpong=False)),
+    "padded-cross": (2, 16, 4096, 72, 18, 64, [4096, 777], None),  # the draft's cross-attention: one warpgroup
     "mha-empty": (2, 9, 4096, 32, 32, 128, [0, 63], None),
     "gqa7-prefill": (1, 512, 4096, 28, 4, 128, [3500], None),
 }
