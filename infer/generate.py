@@ -178,8 +178,9 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
     ``on_tokens(tokens_B, emitted_B)``: called on the host with every step's tokens ``[B]`` and a mask of the
     rows that emitted one, in order, while plain decoding runs (speculative decoding: after the call, one step
     per token).
-    ``attention``: ``auto`` (on a GPU: cuDNN cache half for verification and prefill, Pallas kernels otherwise;
-    XLA elsewhere), ``gpu``, ``pallas``, ``cudnn``, ``xla`` or ``naive`` (see
+    ``attention``: ``auto`` (on a GPU: for verification, prefill and the draft's cross-attention the Mosaic GPU
+    cache half on Hopper and cuDNN's on other GPUs, Pallas kernels otherwise; XLA elsewhere), ``gpu``,
+    ``pallas``, ``cudnn``, ``mosaic``, ``xla`` or ``naive`` (see
     :func:`longspec_jax.attention.resolve_impl`).
     ``pad_prompts_to``: plan shapes as if the longest prompt had this many tokens (at least), so calls with
     prompts of different lengths up to it share one compiled program (prefill then also runs over the padding).
