@@ -2,9 +2,10 @@
 
 Sharded decoding runs under ``jax.set_mesh(mesh)`` with axes ``("data", "model")``: batch rows over ``data``;
 attention heads and KV heads, MLP columns and the vocabulary over ``model`` (:mod:`longspec_jax.tensor_parallel`
-lays out the parameters). XLA's SPMD partitioner splits everything except the custom attention kernels (Pallas,
-Mosaic GPU, cuDNN), which :func:`per_shard` runs under ``shard_map`` on each device's rows and heads. Under no mesh (or one
-without a ``model`` axis) every function here is the identity, so single-device programs are unchanged.
+lays out the parameters). XLA's SPMD partitioner splits everything except the custom attention kernels
+(Pallas, Mosaic GPU, cuDNN), which :func:`per_shard` runs under ``shard_map`` on each device's rows and heads.
+Under no mesh (or one without a ``model`` axis) every function here is the identity, so single-device programs
+are unchanged.
 """
 
 from __future__ import annotations
