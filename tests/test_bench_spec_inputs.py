@@ -37,6 +37,17 @@ def test_stable_prompt_offset_takes_the_first_offset_above_the_gap():
     assert offset == 8 * int(np.argmax(gaps)) and gap == pytest.approx(max(gaps))
 
 
+def test_stable_row_starts_search_each_batch_row_from_its_own_start():
+    target = tiny_target(0)
+    stream = np.random.default_rng(5).integers(0, target.config.vocab_size, 48).tolist()
+    found = spec_inputs.stable_row_starts(target, stream, 16, 4, 1e9, search=8, rows=2, stride=16, step=8)
+    for b, (start, gap) in enumerate(found):
+        alone = spec_inputs.stable_prompt_offset(target, stream[16 * b:], 16, 4, 1e9, search=8, step=8)
+        assert start == 16 * b + alone[0] and gap == pytest.approx(alone[1])
+    gaps = [float(greedy_top2_gaps(target, stream[s:s + 16], 4)[1].min()) for s in (0, 8, 16, 24)]
+    assert [start for start, _ in found] == [8 * int(np.argmax(gaps[:2])), 16 + 8 * int(np.argmax(gaps[2:]))]
+
+
 def test_padded_pair_runs_the_pad_script_once_per_model(tmp_path):
     """``build_padded_pair`` saves a random small draft and pads it and the fixture through ``pad_pair``, with
     ``PAD_ARGS``; a second call reuses WORK. A stand-in pad script records its arguments."""

@@ -13,7 +13,8 @@ runs in full, only its logits are replaced.
 Prompt: source files of the dev-split repos (pygments, pyparsing, mpmath) concatenated, cut to each context
 (from ``--stable-gap`` on: starting at an offset whose float32 greedy continuation has no near-tie, since in bf16
 the plain and the speculative output may part at a near-tie, after which an oracle replaying the plain output
-predicts the wrong text). With ``--batch B``, row b starts ``b * BATCH_STRIDE`` tokens after row 0; tokens/s are
+predicts the wrong text). With ``--batch B``, row b starts ``b * BATCH_STRIDE`` tokens after row 0 (with
+``--stable-gap``: searched from there, each row on its own); tokens/s are
 summed over the rows and tau is their mean. Where a speculative output differs from plain greedy, the float32
 top-2 logit gap at the first difference is recorded (the small fixture computes the padded model's function).
 The round is the reference's tree (4,16,16,16,16) at T=0 unless ``--tree`` / ``--temperature`` /
@@ -43,7 +44,7 @@ from infer.bench.floors import nbytes, round_floors
 from infer.bench.harness import arg_parser, copy_bandwidth, error_text, log, md_header, md_row, time_runs, write_report
 from infer.bench.near_tie import earliest_parting, float32_reference, partings
 from infer.bench.oracle import oracle_hook, oracle_table
-from infer.bench.spec_inputs import build_padded_pair, dev_prompt_tokens, stable_prompt_offset
+from infer.bench.spec_inputs import build_padded_pair, dev_prompt_tokens, stable_row_starts
 from infer.bench.spec_phases import draft_state_bytes, phase_times
 from infer.decoding import Progress, StopCriteria, prefill_and_first_token
 from infer.generate import check_draft_sampling, pad_prompts, plan_speculative
@@ -150,14 +151,15 @@ def run(args) -> dict:
             break
         row: dict = {}
         results["contexts"][ctx] = row
-        offset = 0
+        starts = [b * BATCH_STRIDE for b in range(args.batch)]
         if args.stable_gap > 0 and ctx in args.e2e_contexts:
-            offset, min_gap = stable_prompt_offset(reference32(), prompt_stream, ctx, N_new, args.stable_gap,
-                                                   args.stable_search)
-            row.update(prompt_offset=offset, min_f32_top2_gap=min_gap)
-            log(f"ctx {ctx}: prompt offset {offset}: smallest float32 top-2 gap over the greedy continuation "
-                f"{min_gap:.3f}")
-        prompts = [prompt_stream[offset + b * BATCH_STRIDE:offset + b * BATCH_STRIDE + ctx] for b in range(args.batch)]
+            found = stable_row_starts(reference32(), prompt_stream, ctx, N_new, args.stable_gap, args.stable_search,
+                                      args.batch, BATCH_STRIDE)
+            starts = [start for start, _ in found]
+            row.update(prompt_starts=starts, min_f32_top2_gaps=[gap for _, gap in found])
+            log(f"ctx {ctx}: prompt starts {starts}: smallest float32 top-2 gaps over the greedy continuations "
+                + ", ".join(f"{gap:.3f}" for _, gap in found))
+        prompts = [prompt_stream[start:start + ctx] for start in starts]
         tokens, lengths = pad_prompts([np.asarray(p, np.int32) for p in prompts], base.prompt_len)
         try:
             # -- plain decoding: the baseline, and the greedy continuation the oracle replays
@@ -280,7 +282,7 @@ def main(argv=None) -> int:
     p.add_argument("--stable-gap", type=float, default=0.0,
                    help="for e2e contexts, start the prompt at the first offset whose float32 greedy continuation "
                         "has no top-2 logit gap below this (0 = offset 0)")
-    p.add_argument("--stable-search", type=int, default=0, help="largest prompt offset tried for --stable-gap")
+    p.add_argument("--stable-search", type=int, default=0, help="largest prompt offset tried for --stable-gap (per row)")
     p.add_argument("--commit-repeats", type=int, default=3,
                    help="times the verify / commit phases of both commit schemes are timed, in turn")
     p.add_argument("--batch", type=int, default=1, help="sequences per generate call (rows start BATCH_STRIDE apart)")

@@ -117,3 +117,14 @@ def stable_prompt_offset(target32, stream, ctx: int, num_new: int, min_gap: floa
             return offset, smallest
         best = max(best, (offset, smallest), key=lambda x: x[1])
     return best
+
+
+def stable_row_starts(target32, stream, ctx: int, num_new: int, min_gap: float, search: int, rows: int,
+                      stride: int, step: int = 2048) -> list[tuple[int, float]]:
+    """:func:`stable_prompt_offset` for each batch row on its own: row ``b`` searches from ``b * stride`` on.
+    Returns ``[(start in stream, smallest gap)]`` per row (one near-tie in any row stalls the whole batch)."""
+    found = []
+    for b in range(rows):
+        offset, gap = stable_prompt_offset(target32, stream[b * stride:], ctx, num_new, min_gap, search, step)
+        found.append((b * stride + offset, gap))
+    return found
