@@ -51,11 +51,11 @@ def test_profile_smoke(tmp_path):
     for phase in ("plain", "draft_step0", "tree_level2", "verify", "round"):
         assert f"| {phase} |" in text
     assert main(["--out", str(tmp_path / "random"), "--smoke", "--model", "llama3-8b", "--tree", "2,2",
-                 "--temperature", "1"]) == 0
+                 "--temperature", "1", "--batch", "2"]) == 0
     text = (tmp_path / "random" / "bench_profile.md").read_text()
     assert "| verify |" in text and "| tree_level2 |" in text and "| tree_level3 |" not in text
     report = json.loads((tmp_path / "random" / "bench_profile.json").read_text())
-    assert report["tree_shape"] == [2, 2] and report["temperature"] == 1.0
+    assert report["tree_shape"] == [2, 2] and report["temperature"] == 1.0 and report["batch"] == 2
 
 
 def test_profile_args_carry_what_the_padded_pair_loader_reads(monkeypatch):

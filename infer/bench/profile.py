@@ -3,7 +3,7 @@
     python -m infer.bench profile --out DIR --fixture FIXTURE_DIR --pad-script pad_model.py   # GPU
     python -m infer.bench profile --out DIR --smoke                                           # CPU, tiny
 
-Same model pair, prompt and settings as ``python -m infer.bench spec`` (the padded 8B-cost pair, batch 1, its
+Same model pair, prompt and settings as ``python -m infer.bench spec`` (the padded 8B-cost pair, its ``--batch``,
 ``--tree`` and ``--temperature``), or with ``--model llama3-8b`` a target of true Llama-3-8B shapes (128k vocabulary,
 head_dim 128) with random bf16 weights and a random draft of its shapes, on a random prompt (phase times depend on
 shapes, not on what the draft predicts). Each phase (plain decode step, draft step 0, every tree level, verify, the
@@ -33,7 +33,7 @@ from infer.bench.ablation import PARTS, doubling, parse_parts
 from infer.bench.decode import LLAMA3_8B, TINY
 from infer.bench.harness import arg_parser, log, md_header, md_row, names_arg, write_report
 from infer.bench.random_model import random_target
-from infer.bench.spec import add_round_args, check_round_args, load_pair
+from infer.bench.spec import BATCH_STRIDE, add_round_args, check_round_args, load_pair, stream_length
 from infer.bench.spec_phases import after
 from infer.bench.trace import profile_loop
 from infer.decoding import StopCriteria
@@ -161,7 +161,7 @@ def load_models(args):
     target = random_target(TINY if args.smoke else LLAMA3_8B, None, jnp.float32 if args.smoke else jnp.bfloat16,
                            0.02)
     draft = init_draft(DraftConfig.from_target(target.config), jax.random.PRNGKey(1), dtype=target.dtype)
-    stream = np.random.default_rng(0).integers(0, target.config.vocab_size, max(args.contexts)).tolist()
+    stream = np.random.default_rng(0).integers(0, target.config.vocab_size, stream_length(args)).tolist()
     return target, draft, stream, "xla" if args.smoke else "auto"
 
 
@@ -172,13 +172,14 @@ def run(args) -> dict:
     results: dict = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
                      "jax": jax.__version__, "model": args.model, "tree_shape": list(args.tree),
                      "temperature": args.temperature, "draft_sampling": args.draft_sampling, "attention": impl,
-                     "contexts": {}}
+                     "batch": args.batch, "contexts": {}}
     stop = StopCriteria.make(args.new_tokens, [])
     for ctx in args.contexts:
         def plan(variant_impl, ctx=ctx):
             return plan_speculative(target, draft, ctx, args.new_tokens, SamplingConfig(args.temperature), args.tree,
                                     512, variant_impl or impl, args.draft_sampling)
-        tokens, lengths = pad_prompts([np.asarray(stream[:ctx], np.int32)], plan(None).base.prompt_len)
+        rows = [np.asarray(stream[b * BATCH_STRIDE:b * BATCH_STRIDE + ctx], np.int32) for b in range(args.batch)]
+        tokens, lengths = pad_prompts(rows, plan(None).base.prompt_len)
         hlo_dir = os.path.join(args.out, "hlo", str(ctx)) if args.hlo else None
         if hlo_dir:
             os.makedirs(hlo_dir, exist_ok=True)
@@ -234,6 +235,8 @@ def parse_args(argv=None):
     p.add_argument("--work", default="/tmp/longspec_bench", help="where the padded pair is written (reused)")
     p.add_argument("--contexts", default=None, help="prompt lengths (default 16384,32768; --smoke: 40)")
     p.add_argument("--new-tokens", type=int, default=256, help="planned new tokens (sets the cache capacity)")
+    p.add_argument("--batch", type=int, default=1,
+                   help="sequences per step (rows start BATCH_STRIDE apart, as in spec)")
     p.add_argument("--reps", type=int, default=None, help="steps per profiled call (default 20; --smoke: 2)")
     p.add_argument("--options", default="{}", help='JSON {variant: {xla option: value}} added to the default, '
                                                    'e.g. \'{"no_cmd_buffers": {"xla_gpu_enable_command_buffer": ""}}\'')
@@ -264,7 +267,9 @@ def parse_args(argv=None):
     if unknown:
         p.error(f"--phases: unknown phase(s) {', '.join(unknown)}; with --tree {args.tree} choose from "
                 f"{', '.join(known)}")
-    args.stable_search, args.batch = 0, 1  # spec.load_pair reads these: prompt offset 0, one sequence
+    if args.batch < 1:
+        p.error(f"--batch must be >= 1, got {args.batch}")
+    args.stable_search = 0  # spec.load_pair reads it (with --batch): row b's prompt starts b * BATCH_STRIDE on
     if args.model == "padded" and not args.smoke and not (args.fixture and args.pad_script):
         p.error("--fixture and --pad-script are required with --model padded (or --smoke)")
     return args

@@ -282,7 +282,8 @@ def main(argv=None) -> int:
     p.add_argument("--stable-gap", type=float, default=0.0,
                    help="for e2e contexts, start the prompt at the first offset whose float32 greedy continuation "
                         "has no top-2 logit gap below this (0 = offset 0)")
-    p.add_argument("--stable-search", type=int, default=0, help="largest prompt offset tried for --stable-gap (per row)")
+    p.add_argument("--stable-search", type=int, default=0,
+                   help="largest prompt offset tried for --stable-gap (per row)")
     p.add_argument("--commit-repeats", type=int, default=3,
                    help="times the verify / commit phases of both commit schemes are timed, in turn")
     p.add_argument("--batch", type=int, default=1, help="sequences per generate call (rows start BATCH_STRIDE apart)")
