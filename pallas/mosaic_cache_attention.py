@@ -130,11 +130,11 @@ def default_mosaic_config(batch: int, kv_heads: int, rows: int, capacity: int, h
     ``capacity`` slots per split (three warpgroups keep two's split count: 7h, more splits were slower)."""
     block_kv = 128 if head_dim <= 128 else 64
     stages = 3 if head_dim <= 64 else 2
-    two = 1 if rows <= ROWS_PER_WG else 2
-    blocks = batch * kv_heads * ceil_div(rows, two * ROWS_PER_WG)
+    split_wgs = 1 if rows <= ROWS_PER_WG else 2  # warpgroups per thread block, as the split count counts them
+    blocks = batch * kv_heads * ceil_div(rows, split_wgs * ROWS_PER_WG)
     waves = WAVES[64] if head_dim <= 64 else WAVES[128]
     splits = min(round(waves * num_sms / blocks), capacity // MIN_SPLIT_KEYS)
-    compute_wgs = 3 if head_dim <= 64 and rows > 2 * ROWS_PER_WG else two
+    compute_wgs = 3 if head_dim <= 64 and rows > 2 * ROWS_PER_WG else split_wgs
     return MosaicConfig(num_splits=int(max(splits, 1)), block_kv=block_kv, stages=stages, compute_wgs=compute_wgs)
 
 

@@ -33,7 +33,7 @@ from infer.bench.ablation import PARTS, doubling, parse_parts
 from infer.bench.decode import LLAMA3_8B, TINY
 from infer.bench.harness import arg_parser, log, md_header, md_row, names_arg, write_report
 from infer.bench.random_model import random_target
-from infer.bench.spec import BATCH_STRIDE, add_round_args, check_round_args, load_pair, stream_length
+from infer.bench.spec import add_round_args, batch_starts, check_round_args, load_pair, stream_length
 from infer.bench.spec_phases import after
 from infer.bench.trace import profile_loop
 from infer.decoding import StopCriteria
@@ -178,7 +178,7 @@ def run(args) -> dict:
         def plan(variant_impl, ctx=ctx):
             return plan_speculative(target, draft, ctx, args.new_tokens, SamplingConfig(args.temperature), args.tree,
                                     512, variant_impl or impl, args.draft_sampling)
-        rows = [np.asarray(stream[b * BATCH_STRIDE:b * BATCH_STRIDE + ctx], np.int32) for b in range(args.batch)]
+        rows = [np.asarray(stream[start:start + ctx], np.int32) for start in batch_starts(args.batch)]
         tokens, lengths = pad_prompts(rows, plan(None).base.prompt_len)
         hlo_dir = os.path.join(args.out, "hlo", str(ctx)) if args.hlo else None
         if hlo_dir:

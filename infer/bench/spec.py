@@ -100,6 +100,11 @@ def load_pair(args):
             dev_prompt_tokens(target.tokenizer, stream_length(args)), args.attention)
 
 
+def batch_starts(batch: int) -> list[int]:
+    """Where each batch row's prompt starts in the token stream (before any ``--stable-gap`` search)."""
+    return [b * BATCH_STRIDE for b in range(batch)]
+
+
 def stream_length(args) -> int:
     return max(args.contexts) + args.stable_search + (args.batch - 1) * BATCH_STRIDE
 
@@ -151,7 +156,7 @@ def run(args) -> dict:
             break
         row: dict = {}
         results["contexts"][ctx] = row
-        starts = [b * BATCH_STRIDE for b in range(args.batch)]
+        starts = batch_starts(args.batch)
         if args.stable_gap > 0 and ctx in args.e2e_contexts:
             found = stable_row_starts(reference32(), prompt_stream, ctx, N_new, args.stable_gap, args.stable_search,
                                       args.batch, BATCH_STRIDE)
