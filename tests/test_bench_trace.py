@@ -30,6 +30,20 @@ def test_busy_merges_overlaps():
     assert trace.busy_ns(events) == 20.0
 
 
+def test_idle_gaps_charged_to_the_kernel_that_ends_them():
+    a, b, c, d = (dict(start=0.0, dur=10.0), dict(start=4.0, dur=2.0), dict(start=13.0, dur=5.0),
+                  dict(start=30.0, dur=1.0))
+    assert trace.idle_gaps([d, b, c, a]) == [(c, 3.0), (d, 12.0)]  # b runs inside a: no gap before it
+
+
+def test_summary_tables_idle_time_by_source():
+    events = [dict(name="k", hlo_op="mm", start=0.0, dur=1e3), dict(name="k", hlo_op="add", start=3e3, dur=1e3),
+              dict(name="k", hlo_op="mm", start=4e3, dur=1e3)]
+    summary = trace.summarize(events, {"mm": "f.py:matmul", "add": "f.py:residual"}, reps=1, wall_s=6e-6)
+    assert summary["idle_us"] == 2.0 and summary["busy_us"] == 3.0
+    assert summary["idle_before"] == [dict(what="f.py:residual", us=2.0, launches=1)]
+
+
 def test_profile_loop_attributes_time(tmp_path):
     x = jnp.ones((256, 256)) / 256
     hlo = tmp_path / "loop.hlo.txt"
@@ -38,6 +52,7 @@ def test_profile_loop_attributes_time(tmp_path):
     assert hlo.read_text().startswith("HloModule") and "_inner_matmul" in hlo.read_text()  # the compiled module
     assert summary["reps"] == 3 and summary["launches"] > 0 and summary["wall_us"] > 0
     assert summary["kernel_sum_us"] > 0 and 0 < summary["busy_us"] <= summary["kernel_sum_us"] + 1e-6
+    assert summary["idle_us"] >= 0 and sum(r["us"] for r in summary["idle_before"]) <= summary["idle_us"] + 1e-6
     assert any("_inner_matmul" in row["what"] for row in summary["by_source"]), summary["by_source"]
 
 

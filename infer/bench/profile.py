@@ -8,12 +8,12 @@ Same model pair, prompt and settings as ``python -m infer.bench spec`` (the padd
 head_dim 128) with random bf16 weights and a random draft of its shapes, on a random prompt (phase times depend on
 shapes, not on what the draft predicts). Each phase (plain decode step, draft step 0, every tree level, verify, the
 whole round) is profiled in the in-loop timing from the post-prefill state (:mod:`infer.bench.trace`): kernels per
-step, summed kernel time, GPU-busy time and wall time per step, and where the time goes by source function and
-by kernel. ``--options`` adds XLA compiler-option variants (e.g. command buffers off) of every phase; ``--ablate``
-adds one variant per named part with that part computed twice (:mod:`infer.bench.ablation`): its time over the
-default's is the part's marginal cost in the round; ``--impls`` adds one variant per attention impl, timed after
-the default (``--attention``) in the same process, so ``--attention auto --impls mosaic,auto`` times A, B, A.
-``--phases`` picks the phases.
+step, summed kernel time, GPU-busy time and wall time per step, where the time goes by source function and by
+kernel, and the GPU's idle gaps by the source of the kernel that ended each. ``--options`` adds XLA compiler-option
+variants (e.g. command buffers off) of every phase; ``--ablate`` adds one variant per named part with that part
+computed twice (:mod:`infer.bench.ablation`): its time over the default's is the part's marginal cost in the
+round; ``--impls`` adds one variant per attention impl, timed after the default (``--attention``) in the same
+process, so ``--attention auto --impls mosaic,auto`` times A, B, A. ``--phases`` picks the phases.
 """
 
 from __future__ import annotations
@@ -149,8 +149,8 @@ def _profile_variant(variant, opts, fresh_state, settings, stop, tparams, weight
         if name in ("plain", "round", "draft_step0"):  # the carry held the (donated) cache
             state = fresh_state()
         r = rows[name]
-        log(f"{variant} {name}: wall {r['wall_us']:.1f} us/step, busy {r['busy_us']:.1f}, kernels "
-            f"{r['kernel_sum_us']:.1f} in {r['launches']:.0f} launches ({time.perf_counter() - t0:.0f} s)")
+        log(f"{variant} {name}: wall {r['wall_us']:.1f} us/step, busy {r['busy_us']:.1f}, idle {r['idle_us']:.1f}, "
+            f"kernels {r['kernel_sum_us']:.1f} in {r['launches']:.0f} launches ({time.perf_counter() - t0:.0f} s)")
     return rows
 
 
@@ -215,14 +215,17 @@ def markdown(results: dict, top: int = 12) -> str:
             lines += [f"\n## {ctx} tokens: ablation"] + ablation
         for variant, rows in variants.items():
             lines.append(f"\n## {ctx} tokens, {variant}\n")
-            lines += md_header(["phase", "wall us", "GPU busy us", "kernel sum us", "launches"])
-            lines += [md_row([n, f"{r['wall_us']:.1f}", f"{r['busy_us']:.1f}", f"{r['kernel_sum_us']:.1f}",
-                              f"{r['launches']:.0f}"]) for n, r in rows.items() if "error" not in r]
+            lines += md_header(["phase", "wall us", "GPU busy us", "GPU idle us", "kernel sum us", "launches"])
+            lines += [md_row([n, f"{r['wall_us']:.1f}", f"{r['busy_us']:.1f}", f"{r['idle_us']:.1f}",
+                              f"{r['kernel_sum_us']:.1f}", f"{r['launches']:.0f}"])
+                      for n, r in rows.items() if "error" not in r]
             for name, r in rows.items():
                 if "error" in r:
                     continue
-                lines.append(f"\n{name}, by source (us/step, launches/step): " + "; ".join(
-                    f"{x['what']} {x['us']:.1f} ({x['launches']:.0f})" for x in r["by_source"][:top]))
+                for table, title in (("by_source", "by source (us/step, launches/step)"),
+                                     ("idle_before", "idle before (us/step, gaps/step)")):
+                    lines.append(f"\n{name}, {title}: " + "; ".join(
+                        f"{x['what']} {x['us']:.1f} ({x['launches']:.0f})" for x in r[table][:top]))
     return "\n".join(lines) + "\n"
 
 

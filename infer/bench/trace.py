@@ -4,8 +4,9 @@
 harness's in-loop timing) under ``jax.profiler``, reads the trace's GPU kernel events with
 :class:`jax.profiler.ProfileData`, and attributes each kernel to the HLO instruction that launched it and, through
 that instruction's stack frame in the compiled program, to the function (and its caller) that built it. The result:
-per step, the kernels launched, their summed time, the GPU-busy time (overlaps merged) and the wall time, and a
-table of time by source function and by kernel.
+per step, the kernels launched, their summed time, the GPU-busy time (overlaps merged) and the wall time, a
+table of time by source function and by kernel, and where the GPU sat idle: each gap between kernels charged to
+the source of the kernel that ended it (the one the GPU waited to launch).
 """
 
 from __future__ import annotations
@@ -109,15 +110,33 @@ def busy_ns(events: list[dict]) -> float:
     return total
 
 
+def idle_gaps(events: list[dict]) -> list[tuple[dict, float]]:
+    """``(event, ns)`` for every gap in which no event runs, each charged to the event that ends it (none before
+    the first event)."""
+    gaps, end = [], None
+    for ev in sorted(events, key=lambda e: e["start"]):
+        if end is not None and ev["start"] > end:
+            gaps.append((ev, ev["start"] - end))
+        end = max(end or ev["start"], ev["start"] + ev["dur"])
+    return gaps
+
+
 def summarize(events: list[dict], sources: dict[str, str], reps: int, wall_s: float, top: int = 25) -> dict:
     """Per-step numbers and the time tables (microseconds per step)."""
     by_source: dict = collections.defaultdict(lambda: [0.0, 0])
     by_kernel: dict = collections.defaultdict(lambda: [0.0, 0])
+    idle_before: dict = collections.defaultdict(lambda: [0.0, 0])
+
+    def source(ev):
+        return sources.get(ev["hlo_op"], ev["hlo_op"] or "(no hlo op)")
+
     for ev in events:
-        src = sources.get(ev["hlo_op"], ev["hlo_op"] or "(no hlo op)")
-        for table, key in ((by_source, src), (by_kernel, ev["name"][:100])):
+        for table, key in ((by_source, source(ev)), (by_kernel, ev["name"][:100])):
             table[key][0] += ev["dur"]
             table[key][1] += 1
+    for ev, ns in idle_gaps(events):
+        idle_before[source(ev)][0] += ns
+        idle_before[source(ev)][1] += 1
 
     def rows(table):
         ordered = sorted(table.items(), key=lambda kv: -kv[1][0])[:top]
@@ -125,7 +144,8 @@ def summarize(events: list[dict], sources: dict[str, str], reps: int, wall_s: fl
 
     return dict(reps=reps, wall_us=wall_s / reps * 1e6, kernel_sum_us=sum(e["dur"] for e in events) / reps / 1e3,
                 busy_us=busy_ns(events) / reps / 1e3, launches=len(events) / reps,
-                by_source=rows(by_source), by_kernel=rows(by_kernel))
+                idle_us=sum(v[0] for v in idle_before.values()) / reps / 1e3, by_source=rows(by_source),
+                by_kernel=rows(by_kernel), idle_before=rows(idle_before))
 
 
 def profile_loop(step, carry, consts: tuple, reps: int, compiler_options: dict | None = None,
