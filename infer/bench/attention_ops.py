@@ -12,8 +12,9 @@ import numpy as np
 
 from infer.bench.attention_loop import num_rotations
 
-# (query heads, kv heads); padded-8b is pad_model.py's 8B-cost fixture (run it with --head-dim 64)
-MODELS = {"llama3-8b": (32, 8), "vicuna-7b": (32, 32), "padded-8b": (72, 18)}
+# (query heads, kv heads); padded-8b is pad_model.py's 8B-cost fixture (run it with --head-dim 64); qwen2-7b's
+# group of 7 folds to row counts that fill no power-of-two tile
+MODELS = {"llama3-8b": (32, 8), "vicuna-7b": (32, 32), "qwen2-7b": (28, 4), "padded-8b": (72, 18)}
 HYBRID_USES = ("q", "k_new", "v_new", "lengths")
 CACHE_USES = ("q", "lengths")
 
