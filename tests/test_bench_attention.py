@@ -106,6 +106,8 @@ def test_mosaic_variants_are_the_asked_one_step_changes():
     assert variants(base, 16384, ()) == [base]
     splits_only = variants(base, 16384, ("splits",))
     assert splits_only[1:] and all(changed(c) == {"num_splits"} for c in splits_only[1:])
+    assert [c.num_splits for c in splits_only] == [12, 8, 10, 11, 13, 14, 18, 24]
+    assert [c.num_splits for c in variants(dataclasses.replace(base, num_splits=2), 16384, ("splits",))] == [2, 1, 3, 4]
     assert attention.variant_kinds_arg("none") == () and attention.variant_kinds_arg("wgs,splits") == ("wgs", "splits")
     assert attention.variant_kinds_arg(",".join(VARIANT_KINDS)) == VARIANT_KINDS
     assert variants(base, 16384, ("schedule",)) == [base, dataclasses.replace(base, pingpong=False)]

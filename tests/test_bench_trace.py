@@ -42,6 +42,7 @@ def test_summary_tables_idle_time_by_source():
     summary = trace.summarize(events, {"mm": "f.py:matmul", "add": "f.py:residual"}, reps=1, wall_s=6e-6)
     assert summary["idle_us"] == 2.0 and summary["busy_us"] == 3.0
     assert summary["idle_before"] == [dict(what="f.py:residual", us=2.0, launches=1)]
+    assert summary["idle_before_kernel"] == [dict(what="k", us=2.0, launches=1)]
 
 
 def test_profile_loop_attributes_time(tmp_path):

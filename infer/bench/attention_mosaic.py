@@ -50,10 +50,10 @@ def variants(base, capacity: int, kinds=VARIANT_KINDS) -> list:
         out += [dataclasses.replace(base, stages=st) for st in (2, 4) if st != base.stages]
     if "block" in kinds and base.block_kv != 64:
         out.append(dataclasses.replace(base, block_kv=64, stages=4))
-    if "splits" in kinds:  # splits need not divide the key blocks (chunks are cut at run time)
-        out += [dataclasses.replace(base, num_splits=ns)
-                for ns in sorted({max(1, base.num_splits * 2 // 3), base.num_splits * 3 // 2, base.num_splits * 2})
-                if ns != base.num_splits and ns <= key_blocks]
+    if "splits" in kinds:  # splits need not divide the key blocks (chunks are cut at run time); the neighbours
+        n = base.num_splits  # show wave quantization (thread blocks per split x splits against the SMs)
+        counts = {n - 2, n - 1, n + 1, n + 2, n * 2 // 3, n * 3 // 2, n * 2}
+        out += [dataclasses.replace(base, num_splits=ns) for ns in sorted(counts) if ns != n and 1 <= ns <= key_blocks]
     return [c for c in out if isinstance(c, MosaicConfig)]
 
 

@@ -223,7 +223,8 @@ def markdown(results: dict, top: int = 12) -> str:
                 if "error" in r:
                     continue
                 for table, title in (("by_source", "by source (us/step, launches/step)"),
-                                     ("idle_before", "idle before (us/step, gaps/step)")):
+                                     ("idle_before", "idle before (us/step, gaps/step)"),
+                                     ("idle_before_kernel", "idle before, by kernel")):
                     lines.append(f"\n{name}, {title}: " + "; ".join(
                         f"{x['what']} {x['us']:.1f} ({x['launches']:.0f})" for x in r[table][:top]))
     return "\n".join(lines) + "\n"

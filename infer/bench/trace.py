@@ -125,18 +125,19 @@ def summarize(events: list[dict], sources: dict[str, str], reps: int, wall_s: fl
     """Per-step numbers and the time tables (microseconds per step)."""
     by_source: dict = collections.defaultdict(lambda: [0.0, 0])
     by_kernel: dict = collections.defaultdict(lambda: [0.0, 0])
-    idle_before: dict = collections.defaultdict(lambda: [0.0, 0])
+    idle_source: dict = collections.defaultdict(lambda: [0.0, 0])
+    idle_kernel: dict = collections.defaultdict(lambda: [0.0, 0])
 
-    def source(ev):
-        return sources.get(ev["hlo_op"], ev["hlo_op"] or "(no hlo op)")
+    def add(ev, ns, source_table, kernel_table):
+        for table, key in ((source_table, sources.get(ev["hlo_op"], ev["hlo_op"] or "(no hlo op)")),
+                           (kernel_table, ev["name"][:100])):
+            table[key][0] += ns
+            table[key][1] += 1
 
     for ev in events:
-        for table, key in ((by_source, source(ev)), (by_kernel, ev["name"][:100])):
-            table[key][0] += ev["dur"]
-            table[key][1] += 1
-    for ev, ns in idle_gaps(events):
-        idle_before[source(ev)][0] += ns
-        idle_before[source(ev)][1] += 1
+        add(ev, ev["dur"], by_source, by_kernel)
+    for ev, ns in idle_gaps(events):  # inside a command buffer every kernel's hlo_op is the buffer's: the name tells
+        add(ev, ns, idle_source, idle_kernel)
 
     def rows(table):
         ordered = sorted(table.items(), key=lambda kv: -kv[1][0])[:top]
@@ -144,8 +145,8 @@ def summarize(events: list[dict], sources: dict[str, str], reps: int, wall_s: fl
 
     return dict(reps=reps, wall_us=wall_s / reps * 1e6, kernel_sum_us=sum(e["dur"] for e in events) / reps / 1e3,
                 busy_us=busy_ns(events) / reps / 1e3, launches=len(events) / reps,
-                idle_us=sum(v[0] for v in idle_before.values()) / reps / 1e3, by_source=rows(by_source),
-                by_kernel=rows(by_kernel), idle_before=rows(idle_before))
+                idle_us=sum(v[0] for v in idle_source.values()) / reps / 1e3, by_source=rows(by_source),
+                by_kernel=rows(by_kernel), idle_before=rows(idle_source), idle_before_kernel=rows(idle_kernel))
 
 
 def profile_loop(step, carry, consts: tuple, reps: int, compiler_options: dict | None = None,
