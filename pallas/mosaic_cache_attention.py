@@ -41,52 +41,15 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas.folding import fold_group, merge_folded_splits
+from pallas.mosaic_config import ROWS_PER_WG, MosaicConfig, default_mosaic_config
 from pallas.reference import check_cache_operands, default_scale
-from pallas.sizes import NUM_SMS, ceil_div
 
 __all__ = ["MosaicConfig", "ROWS_PER_WG", "mosaic_cache_attention", "mosaic_cache_partials", "default_mosaic_config",
            "mosaic_supports", "check_mosaic_operands", "mosaic_runs_here", "MOSAIC_DTYPES"]
 
-ROWS_PER_WG = 64  # one wgmma's M: the query rows of a compute warpgroup
 MOSAIC_DTYPES = (jnp.bfloat16, jnp.float16)
-SMEM_BYTES = 227 * 1024  # shared memory a Hopper thread block may use
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
-
-
-@dataclasses.dataclass(frozen=True)
-class MosaicConfig:
-    """Launch shape: ``num_splits`` chunks per sequence, ``block_kv`` keys per TMA tile, ``stages`` K/V slots in
-    shared memory, ``compute_wgs`` warpgroups of 64 query rows per thread block."""
-    num_splits: int
-    block_kv: int = 128
-    stages: int = 2
-    compute_wgs: int = 2
-    accumulate: str = "state"  # P V straight into the output accumulator (pl.run_state); "fresh": into a new
-    # accumulator, then rescale-and-add in one FMA (2% slower on the H200; what jax's interpreter can run)
-    pingpong: bool = True  # two compute warpgroups take turns on the tensor cores; False: each issues when ready
-    # (slower on the H200, docs/benchmarks.md 7f; the schedule three warpgroups always use, testable in the interpreter)
-
-    def rows_per_block(self) -> int:
-        return self.compute_wgs * ROWS_PER_WG
-
-    def smem_bytes(self, head_dim: int, itemsize: int) -> int:
-        tiles = (self.compute_wgs * ROWS_PER_WG + 2 * self.stages * self.block_kv) * head_dim * itemsize
-        return tiles + self.compute_wgs * ROWS_PER_WG * 4
-
-    def check(self, capacity: int, head_dim: int, itemsize: int) -> None:
-        if self.block_kv % 64 or self.block_kv <= 0:
-            raise ValueError(f"mosaic cache attention: block_kv={self.block_kv} must be a positive multiple of 64")
-        if capacity % self.block_kv:
-            raise ValueError(f"mosaic cache attention: capacity {capacity} must be a multiple of "
-                             f"block_kv={self.block_kv}")
-        if self.stages < 1 or self.compute_wgs < 1 or self.num_splits < 1:
-            raise ValueError(f"mosaic cache attention: stages, compute_wgs and num_splits must be >= 1 ({self})")
-        if self.accumulate not in ("fresh", "state"):
-            raise ValueError(f"mosaic cache attention: accumulate={self.accumulate!r}; choose fresh or state")
-        if self.smem_bytes(head_dim, itemsize) > SMEM_BYTES:
-            raise ValueError(f"mosaic cache attention: {self} needs {self.smem_bytes(head_dim, itemsize)} bytes of "
-                             f"shared memory for head_dim {head_dim}; at most {SMEM_BYTES}")
 
 
 def mosaic_supports(q_dtype, cache_dtype, head_dim: int) -> bool:
@@ -109,33 +72,6 @@ def check_mosaic_operands(who: str, q_dtype, cache_dtype, head_dim: int) -> None
         raise ValueError(f"{who} needs float16/bfloat16 queries and cache of one dtype and a head_dim that is a "
                          f"multiple of 64 up to 256; got q {jnp.dtype(q_dtype)}, cache {jnp.dtype(cache_dtype)}, "
                          f"head_dim {head_dim}")
-
-
-# Thread blocks per SM that the split count aims at, from the H200 sweep of docs/benchmarks.md 7c (74 queries; the
-# best of 5 to 10 split counts at each of four shapes): about 4.9 waves for head_dim 64, 1.8 for head_dim 128.
-# More splits fill the SMs better but write and merge more partial outputs.
-WAVES = {64: 4.9, 128: 1.8}
-# Fewest cache slots per split: shorter chunks spend more of their time filling the pipeline and writing partials
-# than extra waves win back (docs/benchmarks.md 7g: the draft's cross-attention, 64 rows at 16k, B=1: 24 splits
-# of 683 keys 38.4 us, the waves' 36 splits of 455 keys 46.0 us).
-MIN_SPLIT_KEYS = 640
-
-
-def default_mosaic_config(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int, *,
-                          num_sms: int = NUM_SMS) -> MosaicConfig:
-    """Compute warpgroups: one for at most 64 rows, two up to 128, and above that two (three for head_dim 64:
-    docs/benchmarks.md 7h, 1.8% less busy verification in the round and 16% faster prefill chunks alone); 128-key
-    tiles (64 for head_dim > 128), two stages (three for head_dim 64); the split count whose thread blocks of (up
-    to) two warpgroups come closest to ``WAVES`` waves of the SMs, with at least ``MIN_SPLIT_KEYS`` of the
-    ``capacity`` slots per split (three warpgroups keep two's split count: 7h, more splits were slower)."""
-    block_kv = 128 if head_dim <= 128 else 64
-    stages = 3 if head_dim <= 64 else 2
-    split_wgs = 1 if rows <= ROWS_PER_WG else 2  # warpgroups per thread block, as the split count counts them
-    blocks = batch * kv_heads * ceil_div(rows, split_wgs * ROWS_PER_WG)
-    waves = WAVES[64] if head_dim <= 64 else WAVES[128]
-    splits = min(round(waves * num_sms / blocks), capacity // MIN_SPLIT_KEYS)
-    compute_wgs = 3 if head_dim <= 64 and rows > 2 * ROWS_PER_WG else split_wgs
-    return MosaicConfig(num_splits=int(max(splits, 1)), block_kv=block_kv, stages=stages, compute_wgs=compute_wgs)
 
 
 def _layout_cast(x, layout, interpret: bool):

@@ -23,6 +23,7 @@ from longspec_jax import attention
 from pallas.folding import fold_group
 from pallas.mosaic_cache_attention import (ROWS_PER_WG, MosaicConfig, default_mosaic_config, mosaic_cache_attention,
                                            mosaic_cache_partials, mosaic_runs_here, mosaic_supports)
+from pallas.mosaic_config import full_wave_splits
 from pallas.reference import cache_attention_reference, masked_attention_reference, merge_partials
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -171,15 +172,26 @@ def test_mosaic_runs_on_hopper_gpus_only(monkeypatch):
         assert mosaic_runs_here() is hopper, capability
 
 
+def test_full_wave_splits():
+    # one thread block per SM: the split count that leaves least of its last wave empty, the fewest of equals
+    assert full_wave_splits(36, 18, 132) == 11  # 396 blocks = 3 whole waves (12 splits: 3.27 waves)
+    assert full_wave_splits(24, 15, 132) == 11  # 264 = 2 waves; 22 splits would also fill 4, but more splits
+    assert full_wave_splits(32, 11, 132) == 4  # 128 blocks: one wave; 8 fill two equally, so the fewer
+    assert full_wave_splits(144, 5, 132) == 5  # bigger than the SMs: the most waves, the smallest tail
+    assert full_wave_splits(5, 0, 132) == 1
+
+
 def test_config_rules_and_errors():
-    # the H200 sweep's best split counts: padded 8B heads at 16k and 32k (54 blocks), at batch 4 (216), Llama-3-8B (24)
-    assert default_mosaic_config(1, 18, 296, 16384, 64) == MosaicConfig(num_splits=12, block_kv=128, stages=3,
+    # the H200 sweeps' best split counts (docs/benchmarks.md 7i): padded 8B heads at 16k and 32k (36 thread blocks of
+    # three warpgroups per split), at batch 4 (144), Llama-3-8B (24 of two), Vicuna's MHA (32 of two)
+    assert default_mosaic_config(1, 18, 276, 16640, 64) == MosaicConfig(num_splits=11, block_kv=128, stages=3,
                                                                          compute_wgs=3)
     assert default_mosaic_config(1, 18, 128, 16384, 64).compute_wgs == 2  # three would idle one of 192 rows
     assert default_mosaic_config(1, 8, 296, 16384, 128).compute_wgs == 2  # three: twice as slow at head_dim 128
-    assert default_mosaic_config(1, 18, 296, 32768, 64).num_splits == 12
-    assert default_mosaic_config(4, 18, 296, 16384, 64).num_splits == 3
-    assert default_mosaic_config(1, 8, 296, 32768, 128).num_splits == 10
+    assert default_mosaic_config(1, 18, 276, 33024, 64).num_splits == 11
+    assert default_mosaic_config(4, 18, 276, 16640, 64).num_splits == 5
+    assert default_mosaic_config(1, 8, 296, 32768, 128).num_splits == 11
+    assert default_mosaic_config(1, 32, 69, 16640, 128).num_splits == 4
     assert default_mosaic_config(4, 8, 48, 4096, 128).compute_wgs == 1  # at most one warpgroup's rows
     # the draft's cross-attention (16 queries x 4): the waves' 36 splits of 455 keys at 16k, capped at 640 keys each
     assert default_mosaic_config(1, 18, 64, 16384, 64) == MosaicConfig(num_splits=25, block_kv=128, stages=3,

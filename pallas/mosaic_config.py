@@ -1,0 +1,87 @@
+"""Launch shape of the Mosaic GPU cache half (:mod:`pallas.mosaic_cache_attention`): the config it runs with and
+the default chosen from the call's sizes, tuned on the H200 (docs/benchmarks.md 7c-7i)."""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+
+from pallas.sizes import NUM_SMS, ceil_div
+
+ROWS_PER_WG = 64  # one wgmma's M: the query rows of a compute warpgroup
+SMEM_BYTES = 227 * 1024  # shared memory a Hopper thread block may use
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicConfig:
+    """Launch shape: ``num_splits`` chunks per sequence, ``block_kv`` keys per TMA tile, ``stages`` K/V slots in
+    shared memory, ``compute_wgs`` warpgroups of 64 query rows per thread block."""
+    num_splits: int
+    block_kv: int = 128
+    stages: int = 2
+    compute_wgs: int = 2
+    accumulate: str = "state"  # P V straight into the output accumulator (pl.run_state); "fresh": into a new
+    # accumulator, then rescale-and-add in one FMA (2% slower on the H200; what jax's interpreter can run)
+    pingpong: bool = True  # two compute warpgroups take turns on the tensor cores; False: each issues when ready
+    # (slower on the H200, docs/benchmarks.md 7f; the schedule three warpgroups always use, testable in the interpreter)
+
+    def rows_per_block(self) -> int:
+        return self.compute_wgs * ROWS_PER_WG
+
+    def smem_bytes(self, head_dim: int, itemsize: int) -> int:
+        tiles = (self.compute_wgs * ROWS_PER_WG + 2 * self.stages * self.block_kv) * head_dim * itemsize
+        return tiles + self.compute_wgs * ROWS_PER_WG * 4
+
+    def check(self, capacity: int, head_dim: int, itemsize: int) -> None:
+        if self.block_kv % 64 or self.block_kv <= 0:
+            raise ValueError(f"mosaic cache attention: block_kv={self.block_kv} must be a positive multiple of 64")
+        if capacity % self.block_kv:
+            raise ValueError(f"mosaic cache attention: capacity {capacity} must be a multiple of "
+                             f"block_kv={self.block_kv}")
+        if self.stages < 1 or self.compute_wgs < 1 or self.num_splits < 1:
+            raise ValueError(f"mosaic cache attention: stages, compute_wgs and num_splits must be >= 1 ({self})")
+        if self.accumulate not in ("fresh", "state"):
+            raise ValueError(f"mosaic cache attention: accumulate={self.accumulate!r}; choose fresh or state")
+        if self.smem_bytes(head_dim, itemsize) > SMEM_BYTES:
+            raise ValueError(f"mosaic cache attention: {self} needs {self.smem_bytes(head_dim, itemsize)} bytes of "
+                             f"shared memory for head_dim {head_dim}; at most {SMEM_BYTES}")
+
+
+# Thread blocks per SM that the split count aims at, from the H200 sweep of docs/benchmarks.md 7c (74 queries; the
+# best of 5 to 10 split counts at each of four shapes): about 4.9 waves for head_dim 64, 1.8 for head_dim 128.
+# More splits fill the SMs better but write and merge more partial outputs.
+WAVES = {64: 4.9, 128: 1.8}
+# Fewest cache slots per split: shorter chunks spend more of their time filling the pipeline and writing partials
+# than extra waves win back (docs/benchmarks.md 7g: the draft's cross-attention, 64 rows at 16k, B=1: 24 splits
+# of 683 keys 38.4 us, the waves' 36 splits of 455 keys 46.0 us).
+MIN_SPLIT_KEYS = 640
+
+
+def full_wave_splits(blocks: int, most: int, num_sms: int = NUM_SMS) -> int:
+    """The split count in ``1..most`` that wastes least of the last wave when ``blocks`` x splits thread blocks run
+    one per SM: the fewest waves per split, ``ceil(blocks * s / num_sms) / s`` (the time per unit of work), and
+    of equals the fewest splits."""
+    return min(range(1, max(most, 1) + 1), key=lambda s: (Fraction(ceil_div(blocks * s, num_sms), s), s))
+
+
+def default_mosaic_config(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int, *,
+                          num_sms: int = NUM_SMS) -> MosaicConfig:
+    """Compute warpgroups: one for at most 64 rows, two up to 128, and above that two (three for head_dim 64:
+    docs/benchmarks.md 7h, 1.8% less busy verification in the round and 16% faster prefill chunks alone); 128-key
+    tiles (64 for head_dim > 128), two stages (three for head_dim 64). Split count: the one whose thread blocks of
+    (up to) two warpgroups come closest to ``WAVES`` waves of the SMs, with at least ``MIN_SPLIT_KEYS`` of the
+    ``capacity`` slots per split; with more than one compute warpgroup (one thread block per SM), then the
+    :func:`full_wave_splits` count of at most half again as many (docs/benchmarks.md 7i: verification at 16k, 11
+    splits instead of 12 filled three whole waves and took 11% less time alone, 2.9% less in the round)."""
+    block_kv = 128 if head_dim <= 128 else 64
+    stages = 3 if head_dim <= 64 else 2
+    split_wgs = 1 if rows <= ROWS_PER_WG else 2  # warpgroups per thread block, as the waves rule counts them
+    blocks = batch * kv_heads * ceil_div(rows, split_wgs * ROWS_PER_WG)
+    waves = WAVES[64] if head_dim <= 64 else WAVES[128]
+    most = capacity // MIN_SPLIT_KEYS
+    splits = max(min(round(waves * num_sms / blocks), most), 1)
+    compute_wgs = 3 if head_dim <= 64 and rows > 2 * ROWS_PER_WG else split_wgs
+    if compute_wgs > 1:
+        blocks = batch * kv_heads * ceil_div(rows, compute_wgs * ROWS_PER_WG)
+        splits = full_wave_splits(blocks, min(ceil_div(3 * splits, 2), most), num_sms)
+    return MosaicConfig(num_splits=splits, block_kv=block_kv, stages=stages, compute_wgs=compute_wgs)
