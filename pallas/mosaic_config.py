@@ -10,6 +10,8 @@ from pallas.sizes import NUM_SMS, ceil_div
 
 ROWS_PER_WG = 64  # one wgmma's M: the query rows of a compute warpgroup
 SMEM_BYTES = 227 * 1024  # shared memory a Hopper thread block may use
+SM_SMEM_BYTES = 228 * 1024  # shared memory of a Hopper SM; the driver reserves 1 KiB of it per resident block
+BLOCK_RESERVED_SMEM = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +33,10 @@ class MosaicConfig:
     def smem_bytes(self, head_dim: int, itemsize: int) -> int:
         tiles = (self.compute_wgs * ROWS_PER_WG + 2 * self.stages * self.block_kv) * head_dim * itemsize
         return tiles + self.compute_wgs * ROWS_PER_WG * 4
+
+    def blocks_per_sm(self, head_dim: int, itemsize: int = 2) -> int:
+        """Thread blocks of this shape that one SM holds at once, as its shared memory allows."""
+        return max(1, SM_SMEM_BYTES // (self.smem_bytes(head_dim, itemsize) + BLOCK_RESERVED_SMEM))
 
     def check(self, capacity: int, head_dim: int, itemsize: int) -> None:
         if self.block_kv % 64 or self.block_kv <= 0:
@@ -57,11 +63,11 @@ WAVES = {64: 4.9, 128: 1.8}
 MIN_SPLIT_KEYS = 640
 
 
-def full_wave_splits(blocks: int, most: int, num_sms: int = NUM_SMS) -> int:
+def full_wave_splits(blocks: int, most: int, slots: int = NUM_SMS) -> int:
     """The split count in ``1..most`` that wastes least of the last wave when ``blocks`` x splits thread blocks run
-    one per SM: the fewest waves per split, ``ceil(blocks * s / num_sms) / s`` (the time per unit of work), and
-    of equals the fewest splits."""
-    return min(range(1, max(most, 1) + 1), key=lambda s: (Fraction(ceil_div(blocks * s, num_sms), s), s))
+    ``slots`` at a time (SMs x blocks per SM): the fewest waves per split, ``ceil(blocks * s / slots) / s`` (the
+    time per unit of work), and of equals the fewest splits."""
+    return min(range(1, max(most, 1) + 1), key=lambda s: (Fraction(ceil_div(blocks * s, slots), s), s))
 
 
 def default_mosaic_config(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int, *,
@@ -70,9 +76,9 @@ def default_mosaic_config(batch: int, kv_heads: int, rows: int, capacity: int, h
     docs/benchmarks.md 7h, 1.8% less busy verification in the round and 16% faster prefill chunks alone); 128-key
     tiles (64 for head_dim > 128), two stages (three for head_dim 64). Split count: the one whose thread blocks of
     (up to) two warpgroups come closest to ``WAVES`` waves of the SMs, with at least ``MIN_SPLIT_KEYS`` of the
-    ``capacity`` slots per split; with more than one compute warpgroup (one thread block per SM), then the
-    :func:`full_wave_splits` count of at most half again as many (docs/benchmarks.md 7i: verification at 16k, 11
-    splits instead of 12 filled three whole waves and took 11% less time alone, 2.9% less in the round)."""
+    ``capacity`` slots per split; with more than one compute warpgroup, then the :func:`full_wave_splits` count of
+    at most half again as many (docs/benchmarks.md 7i: the best of the H200 sweep at six shapes; verification at
+    16k, 11 splits instead of 12 filled three whole waves, 11% less time alone, 2.9% less in the round)."""
     block_kv = 128 if head_dim <= 128 else 64
     stages = 3 if head_dim <= 64 else 2
     split_wgs = 1 if rows <= ROWS_PER_WG else 2  # warpgroups per thread block, as the waves rule counts them
@@ -81,7 +87,9 @@ def default_mosaic_config(batch: int, kv_heads: int, rows: int, capacity: int, h
     most = capacity // MIN_SPLIT_KEYS
     splits = max(min(round(waves * num_sms / blocks), most), 1)
     compute_wgs = 3 if head_dim <= 64 and rows > 2 * ROWS_PER_WG else split_wgs
-    if compute_wgs > 1:
-        blocks = batch * kv_heads * ceil_div(rows, compute_wgs * ROWS_PER_WG)
-        splits = full_wave_splits(blocks, min(ceil_div(3 * splits, 2), most), num_sms)
-    return MosaicConfig(num_splits=splits, block_kv=block_kv, stages=stages, compute_wgs=compute_wgs)
+    cfg = MosaicConfig(num_splits=splits, block_kv=block_kv, stages=stages, compute_wgs=compute_wgs)
+    if compute_wgs == 1:  # several blocks per SM and short chunks: the waves rule measured best (7g, 7h)
+        return cfg
+    blocks = batch * kv_heads * ceil_div(rows, compute_wgs * ROWS_PER_WG)
+    slots = num_sms * cfg.blocks_per_sm(head_dim)
+    return dataclasses.replace(cfg, num_splits=full_wave_splits(blocks, min(ceil_div(3 * splits, 2), most), slots))

@@ -178,6 +178,7 @@ def test_full_wave_splits():
     assert full_wave_splits(24, 15, 132) == 11  # 264 = 2 waves; 22 splits would also fill 4, but more splits
     assert full_wave_splits(32, 11, 132) == 4  # 128 blocks: one wave; 8 fill two equally, so the fewer
     assert full_wave_splits(144, 5, 132) == 5  # bigger than the SMs: the most waves, the smallest tail
+    assert full_wave_splits(18, 25, 264) == 14  # two blocks per SM: 252 of 264 slots
     assert full_wave_splits(5, 0, 132) == 1
 
 
@@ -192,6 +193,10 @@ def test_config_rules_and_errors():
     assert default_mosaic_config(4, 18, 276, 16640, 64).num_splits == 5
     assert default_mosaic_config(1, 8, 296, 32768, 128).num_splits == 11
     assert default_mosaic_config(1, 32, 69, 16640, 128).num_splits == 4
+    # two warpgroups at head_dim 64 (a 27-node tree): two thread blocks share an SM, so 14 splits fill one wave
+    assert default_mosaic_config(1, 18, 108, 16640, 64).blocks_per_sm(64) == 2
+    assert default_mosaic_config(1, 18, 108, 16640, 64).num_splits == 14
+    assert default_mosaic_config(1, 18, 276, 16640, 64).blocks_per_sm(64) == 1
     assert default_mosaic_config(4, 8, 48, 4096, 128).compute_wgs == 1  # at most one warpgroup's rows
     # the draft's cross-attention (16 queries x 4): the waves' 36 splits of 455 keys at 16k, capped at 640 keys each
     assert default_mosaic_config(1, 18, 64, 16384, 64) == MosaicConfig(num_splits=25, block_kv=128, stages=3,
