@@ -49,4 +49,5 @@ for ctx in args.contexts:
     results["contexts"][ctx] = {}
     profile.profile_context(plan, stop, target.params, draft.weights, tokens, lengths, args.reps, variants,
                             None, args.phases, out=results["contexts"][ctx],
-                            on_variant=lambda: write_report(out_dir, "splits_probe", results, profile.markdown(results)))
+                            on_variant=lambda: write_report(out_dir, "splits_probe", results,
+                                                            profile.markdown(results)))
