@@ -67,7 +67,7 @@ def full_wave_splits(blocks: int, most: int, slots: int = NUM_SMS) -> int:
     """The split count in ``1..most`` that wastes least of the last wave when ``blocks`` x splits thread blocks run
     ``slots`` at a time (SMs x blocks per SM): the fewest waves per split, ``ceil(blocks * s / slots) / s`` (the
     time per unit of work), and of equals the fewest splits."""
-    return min(range(1, max(most, 1) + 1), key=lambda s: (Fraction(ceil_div(blocks * s, slots), s), s))
+    return min(range(1, max(most, 1) + 1), key=lambda s: Fraction(ceil_div(blocks * s, slots), s))  # first: fewest
 
 
 def default_mosaic_config(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int, *,

@@ -99,17 +99,6 @@ def kernel_events(xplane_path: str) -> list[dict]:
     return events
 
 
-def busy_ns(events: list[dict]) -> float:
-    """Time during which at least one event runs (overlapping events counted once)."""
-    total, end = 0.0, -1.0
-    for ev in sorted(events, key=lambda e: e["start"]):
-        s, e = ev["start"], ev["start"] + ev["dur"]
-        if e > end:
-            total += e - max(s, end)
-            end = e
-    return total
-
-
 def idle_gaps(events: list[dict]) -> list[tuple[dict, float]]:
     """``(event, ns)`` for every gap in which no event runs, each charged to the event that ends it (none before
     the first event)."""
@@ -117,8 +106,17 @@ def idle_gaps(events: list[dict]) -> list[tuple[dict, float]]:
     for ev in sorted(events, key=lambda e: e["start"]):
         if end is not None and ev["start"] > end:
             gaps.append((ev, ev["start"] - end))
-        end = max(end or ev["start"], ev["start"] + ev["dur"])
+        ev_end = ev["start"] + ev["dur"]
+        end = ev_end if end is None else max(end, ev_end)
     return gaps
+
+
+def busy_ns(events: list[dict]) -> float:
+    """Time during which at least one event runs (overlapping events counted once): the span less the gaps."""
+    if not events:
+        return 0.0
+    span = max(e["start"] + e["dur"] for e in events) - min(e["start"] for e in events)
+    return span - sum(ns for _, ns in idle_gaps(events))
 
 
 def summarize(events: list[dict], sources: dict[str, str], reps: int, wall_s: float, top: int = 25) -> dict:
