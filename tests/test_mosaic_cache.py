@@ -175,7 +175,7 @@ def test_mosaic_runs_on_hopper_gpus_only(monkeypatch):
 def test_full_wave_splits():
     # one thread block per SM: the split count that leaves least of its last wave empty, the fewest of equals
     assert full_wave_splits(36, 18, 132) == 11  # 396 blocks = 3 whole waves (12 splits: 3.27 waves)
-    assert full_wave_splits(24, 15, 132) == 11  # 264 = 2 waves; 22 splits would also fill 4, but more splits
+    assert full_wave_splits(24, 15, 132) == 11  # 264 blocks = 2 whole waves (10 splits: 1.82 waves)
     assert full_wave_splits(32, 11, 132) == 4  # 128 blocks: one wave; 8 fill two equally, so the fewer
     assert full_wave_splits(144, 5, 132) == 5  # bigger than the SMs: the most waves, the smallest tail
     assert full_wave_splits(18, 25, 264) == 14  # two blocks per SM: 252 of 264 slots
