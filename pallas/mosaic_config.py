@@ -70,15 +70,25 @@ def full_wave_splits(blocks: int, most: int, slots: int = NUM_SMS) -> int:
     return min(range(1, max(most, 1) + 1), key=lambda s: Fraction(ceil_div(blocks * s, slots), s))  # first: fewest
 
 
+def default_compute_wgs(rows: int, head_dim: int) -> int:
+    """Compute warpgroups per thread block: one for at most 64 rows, two up to 128 and at head_dim above 64 (three:
+    twice as slow at 128, docs/benchmarks.md 7f); above 128 rows at head_dim 64 three (7h: 1.8% less busy
+    verification in the round, 16% faster prefill chunks alone)."""
+    if rows <= ROWS_PER_WG:
+        return 1
+    if head_dim > 64 or rows <= 2 * ROWS_PER_WG:
+        return 2
+    return 3
+
+
 def default_mosaic_config(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int, *,
-                          num_sms: int = NUM_SMS) -> MosaicConfig:
-    """Compute warpgroups: one for at most 64 rows, two up to 128, and above that two (three for head_dim 64:
-    docs/benchmarks.md 7h, 1.8% less busy verification in the round and 16% faster prefill chunks alone); 128-key
-    tiles (64 for head_dim > 128), two stages (three for head_dim 64). Split count: the one whose thread blocks of
-    (up to) two warpgroups come closest to ``WAVES`` waves of the SMs, with at least ``MIN_SPLIT_KEYS`` of the
-    ``capacity`` slots per split; with more than one compute warpgroup, then the :func:`full_wave_splits` count of
-    at most half again as many (docs/benchmarks.md 7i: the best of the H200 sweep at six shapes; verification at
-    16k, 11 splits instead of 12 filled three whole waves, 11% less time alone, 2.9% less in the round)."""
+                          num_sms: int = NUM_SMS, compute_wgs: int | None = None) -> MosaicConfig:
+    """Compute warpgroups by :func:`default_compute_wgs` (or ``compute_wgs``); 128-key tiles (64 for head_dim >
+    128), two stages (three for head_dim 64). Split count: the one whose thread blocks of (up to) two warpgroups
+    come closest to ``WAVES`` waves of the SMs, with at least ``MIN_SPLIT_KEYS`` of the ``capacity`` slots per
+    split; with more than one compute warpgroup, then the :func:`full_wave_splits` count of at most half again as
+    many (docs/benchmarks.md 7i: the best of the H200 sweep at six shapes; verification at 16k, 11 splits instead
+    of 12 filled three whole waves, 11% less time alone, 2.9% less in the round)."""
     block_kv = 128 if head_dim <= 128 else 64
     stages = 3 if head_dim <= 64 else 2
     split_wgs = 1 if rows <= ROWS_PER_WG else 2  # warpgroups per thread block, as the waves rule counts them
@@ -86,7 +96,7 @@ def default_mosaic_config(batch: int, kv_heads: int, rows: int, capacity: int, h
     waves = WAVES[64] if head_dim <= 64 else WAVES[128]
     most = capacity // MIN_SPLIT_KEYS
     splits = max(min(round(waves * num_sms / blocks), most), 1)
-    compute_wgs = 3 if head_dim <= 64 and rows > 2 * ROWS_PER_WG else split_wgs
+    compute_wgs = default_compute_wgs(rows, head_dim) if compute_wgs is None else compute_wgs
     cfg = MosaicConfig(num_splits=splits, block_kv=block_kv, stages=stages, compute_wgs=compute_wgs)
     if compute_wgs == 1:  # several blocks per SM and short chunks: the waves rule measured best (7g, 7h)
         return cfg

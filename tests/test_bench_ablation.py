@@ -2,6 +2,7 @@
 result and everything downstream unchanged; the patch is undone afterwards; the profile benchmark reports each
 doubled part's marginal time by phase."""
 
+import dataclasses
 import json
 
 import jax
@@ -126,6 +127,42 @@ def test_unknown_parts_and_phases_are_named_before_anything_loads(capsys):
     variants = parse_args(["--out", "unused", "--smoke", "--attention", "auto", "--impls", "mosaic,auto"]).variants
     assert [(name, v.impl) for name, v in variants.items()] == [("default", None), ("impl_mosaic", "mosaic"),
                                                                 ("impl_auto", "auto")]
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "unused", "--smoke", "--mosaic", '{"w": {"compute_wgz": 2}}'])
+    assert "--mosaic w: unknown MosaicConfig field(s) compute_wgz" in capsys.readouterr().err
+    variants = parse_args(["--out", "unused", "--smoke", "--mosaic", '{"w2": {"num_splits": 6, "compute_wgs": 2}}'])
+    assert variants.variants["mosaic_w2"].mosaic == (("compute_wgs", 2), ("num_splits", 6))
+
+
+def test_mosaic_override_changes_calls_above_two_warpgroups_of_rows_until_it_ends(monkeypatch):
+    """The profile's ``--mosaic`` variants: the fields replace the default launch shape of verification-sized
+    calls (compute_wgs before the split rule) in the kernel's own lookup, the draft's 64 rows keep theirs, and
+    the rule is back afterwards."""
+    import pallas.mosaic_cache_attention as mca
+    from infer.bench.mosaic_override import mosaic_override
+    from pallas.mosaic_config import default_mosaic_config
+
+    seen = []
+
+    def record(*args, cfg, **kw):
+        seen.append(cfg)
+        raise RuntimeError("recorded")
+    monkeypatch.setattr(mca, "mosaic_cache_partials", record)
+    q, kv = jnp.zeros((1, 69, 8, 64), jnp.bfloat16), jnp.zeros((1, 1024, 2, 64), jnp.bfloat16)
+    with mosaic_override({"num_splits": 5, "stages": 2}):
+        assert mca.default_mosaic_config(1, 18, 276, 16640, 64) == dataclasses.replace(
+            default_mosaic_config(1, 18, 276, 16640, 64), num_splits=5, stages=2)
+        assert mca.default_mosaic_config(1, 18, 64, 16640, 64) == default_mosaic_config(1, 18, 64, 16640, 64)
+        with pytest.raises(RuntimeError, match="recorded"):
+            mca.mosaic_cache_attention(q, kv, kv, jnp.array([900]), interpret=True)  # 276 folded rows
+    with mosaic_override({"compute_wgs": 3}):
+        assert mca.default_mosaic_config(1, 18, 256, 16640, 64) == default_mosaic_config(1, 18, 256, 16640, 64,
+                                                                                         compute_wgs=3)
+    assert mca.default_mosaic_config is default_mosaic_config
+    with pytest.raises(RuntimeError, match="recorded"):
+        mca.mosaic_cache_attention(q, kv, kv, jnp.array([900]), interpret=True)  # retraced: the rule again
+    assert (seen[0].num_splits, seen[0].stages) == (5, 2)
+    assert seen[1] == dataclasses.replace(default_mosaic_config(1, 2, 276, 1024, 64), compute_wgs=2)
 
 
 def test_unknown_parts_are_named():

@@ -23,7 +23,7 @@ from longspec_jax import attention
 from pallas.folding import fold_group
 from pallas.mosaic_cache_attention import (ROWS_PER_WG, MosaicConfig, default_mosaic_config, mosaic_cache_attention,
                                            mosaic_cache_partials, mosaic_runs_here, mosaic_supports)
-from pallas.mosaic_config import full_wave_splits
+from pallas.mosaic_config import default_compute_wgs, full_wave_splits
 from pallas.reference import cache_attention_reference, masked_attention_reference, merge_partials
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -188,6 +188,8 @@ def test_config_rules_and_errors():
     assert default_mosaic_config(1, 18, 276, 16640, 64) == MosaicConfig(num_splits=11, block_kv=128, stages=3,
                                                                          compute_wgs=3)
     assert default_mosaic_config(1, 18, 128, 16384, 64).compute_wgs == 2  # three would idle one of 192 rows
+    assert [default_compute_wgs(r, 64) for r in (64, 128, 148, 276)] == [1, 2, 3, 3]
+    assert default_mosaic_config(1, 18, 276, 16640, 64, compute_wgs=2).compute_wgs == 2
     assert default_mosaic_config(1, 8, 296, 16384, 128).compute_wgs == 2  # three: twice as slow at head_dim 128
     assert default_mosaic_config(1, 18, 276, 33024, 64).num_splits == 11
     assert default_mosaic_config(4, 18, 276, 16640, 64).num_splits == 5
@@ -239,6 +241,7 @@ GPU_CASES = {  # the verification pass's shapes at 4k, every variant the benchma
     "padded-wg2": (1, 74, 4096, 72, 18, 64, [4000], dict(compute_wgs=2)),
     "padded-free": (1, 74, 4096, 72, 18, 64, [4000], dict(compute_wgs=2, pingpong=False)),
     "padded-cross": (2, 16, 4096, 72, 18, 64, [4096, 777], None),  # the draft's cross-attention: one warpgroup
+    "padded-27nodes": (1, 27, 4096, 72, 18, 64, [4096], None),  # 108 rows: two warpgroups, two blocks per SM
     "mha-empty": (2, 9, 4096, 32, 32, 128, [0, 63], None),
     "gqa7-prefill": (1, 512, 4096, 28, 4, 128, [3500], None),
 }

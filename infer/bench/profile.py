@@ -13,7 +13,8 @@ kernel, and the GPU's idle gaps by the source of the kernel that ended each. ``-
 variants (e.g. command buffers off) of every phase; ``--ablate`` adds one variant per named part with that part
 computed twice (:mod:`infer.bench.ablation`): its time over the default's is the part's marginal cost in the
 round; ``--impls`` adds one variant per attention impl, timed after the default (``--attention``) in the same
-process, so ``--attention auto --impls mosaic,auto`` times A, B, A. ``--phases`` picks the phases.
+process, so ``--attention auto --impls mosaic,auto`` times A, B, A; ``--mosaic`` adds variants of the Mosaic GPU
+cache half's launch shape (:mod:`infer.bench.mosaic_override`). ``--phases`` picks the phases.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import numpy as np
 from infer.bench.ablation import PARTS, doubling, parse_parts
 from infer.bench.decode import LLAMA3_8B, TINY
 from infer.bench.harness import arg_parser, log, md_header, md_row, names_arg, write_report
+from infer.bench.mosaic_override import check_fields, mosaic_override
 from infer.bench.random_model import random_target
 from infer.bench.spec import add_round_args, batch_starts, check_round_args, load_pair, stream_length
 from infer.bench.spec_phases import after
@@ -48,14 +50,16 @@ from longspec_jax.tree import grow_tree, start_tree
 
 ABLATE_PREFIX = "x2_"  # variant name of a doubled part
 IMPL_PREFIX = "impl_"  # variant name of another attention impl
+MOSAIC_PREFIX = "mosaic_"  # variant name of another Mosaic launch shape
 
 
 class Variant(NamedTuple):
-    """XLA compiler options of every phase's compile, the parts computed twice (:mod:`infer.bench.ablation`), and
-    the attention impl (None: the pair's)."""
+    """XLA compiler options of every phase's compile, the parts computed twice (:mod:`infer.bench.ablation`), the
+    attention impl (None: the pair's) and Mosaic launch-shape fields (:func:`mosaic_override`)."""
     options: dict
     doubled: tuple = ()
     impl: str | None = None
+    mosaic: tuple = ()
 
 
 def level_phase(k: int) -> str:
@@ -108,7 +112,7 @@ def profile_context(plan, stop, tparams, weights, tokens, lengths, reps: int, va
         settings = plan(how.impl)
         start = jax.jit(lambda p, d, t, l, k: speculative_start(settings, p, d, t, l, stop, k))  # noqa: B023
         fresh_state = functools.partial(start, tparams, weights, tokens, lengths, jax.random.PRNGKey(0))
-        with doubling(how.doubled):  # the phases' step functions are made (and traced) afresh inside
+        with doubling(how.doubled), mosaic_override(dict(how.mosaic)):  # the phases are traced afresh inside
             out[variant] = _profile_variant(variant, how.options, fresh_state, settings, stop, tparams, weights,
                                             reps, hlo_dir, phases)
         on_variant()
@@ -250,6 +254,10 @@ def parse_args(argv=None):
     p.add_argument("--impls", type=names_arg(IMPLS, "attention impl"), default=(), metavar="IMPL,...",
                    help="one more variant per attention impl, after the default (--attention): e.g. --attention auto "
                         "--impls mosaic,auto times auto, mosaic, auto in one process; impls: " + ", ".join(IMPLS))
+    p.add_argument("--mosaic", default="{}", metavar="JSON",
+                   help='JSON {variant: {MosaicConfig field: value}}: one more variant each, its Mosaic cache half of '
+                        'calls above 128 folded rows with those fields (compute_wgs first, then the split rule), '
+                        'e.g. \'{"wgs2": {"compute_wgs": 2}, "s6": {"num_splits": 6}}\'')
     p.add_argument("--phases", default=None, metavar="PHASE,...",
                    help="phases to profile (default all: plain, draft_step0, tree_levelK, verify, round)")
     p.add_argument("--hlo", action="store_true",
@@ -265,6 +273,12 @@ def parse_args(argv=None):
     if len(set(args.impls)) < len(args.impls):
         p.error(f"--impls: each impl at most once, got {','.join(args.impls)}")
     args.variants.update({IMPL_PREFIX + impl: Variant({}, impl=impl) for impl in args.impls})
+    for name, fields in json.loads(args.mosaic).items():
+        try:
+            check_fields(fields)
+        except ValueError as e:
+            p.error(f"--mosaic {name}: {e}")
+        args.variants[MOSAIC_PREFIX + name] = Variant({}, mosaic=tuple(sorted(fields.items())))
     args.phases = tuple(args.phases.split(",")) if args.phases else None
     known = phase_names(len(args.tree))
     unknown = sorted(set(args.phases or ()) - set(known))
