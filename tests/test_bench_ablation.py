@@ -130,6 +130,9 @@ def test_unknown_parts_and_phases_are_named_before_anything_loads(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--out", "unused", "--smoke", "--mosaic", '{"w": {"compute_wgz": 2}}'])
     assert "--mosaic w: unknown MosaicConfig field(s) compute_wgz" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "unused", "--smoke", "--mosaic", '{"w": 2}'])
+    assert "--mosaic w: expected {field: value}, got 2" in capsys.readouterr().err
     variants = parse_args(["--out", "unused", "--smoke", "--mosaic", '{"w2": {"num_splits": 6, "compute_wgs": 2}}'])
     assert variants.variants["mosaic_w2"].mosaic == (("compute_wgs", 2), ("num_splits", 6))
 

@@ -17,7 +17,9 @@ FIELDS = tuple(f.name for f in dataclasses.fields(MosaicConfig))
 
 
 def check_fields(fields: dict) -> None:
-    """Raises a ValueError naming any key of ``fields`` that is not a :class:`MosaicConfig` field."""
+    """Raises a ValueError when ``fields`` is not a dict or names a key that is not a :class:`MosaicConfig` field."""
+    if not isinstance(fields, dict):
+        raise ValueError(f"expected {{field: value}}, got {fields!r}")
     unknown = sorted(set(fields) - set(FIELDS))
     if unknown:
         raise ValueError(f"unknown MosaicConfig field(s) {', '.join(unknown)}; choose from {', '.join(FIELDS)}")
