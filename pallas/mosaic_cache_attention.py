@@ -50,6 +50,7 @@ __all__ = ["MosaicConfig", "ROWS_PER_WG", "mosaic_cache_attention", "mosaic_cach
 MOSAIC_DTYPES = (jnp.bfloat16, jnp.float16)
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
+PROFILE_EVENTS = 1024  # named-scope entries and exits that the on-device profiler keeps per warpgroup and call
 
 
 def mosaic_supports(q_dtype, cache_dtype, head_dim: int) -> bool:
@@ -138,10 +139,11 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
             pl.when(wg == 0)(take_turn)
 
     @pl.when((wg < C) & (row0 < valid_rows))
-    def _compute():
+    def _compute():  # named scopes: the phases that the Mosaic GPU on-device profiler times when it is on
         q_tile = q_smem.at[wg]
-        plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0, ROWS_PER_WG), kv_head], q_tile, q_ready.at[wg])
-        plgpu.barrier_wait(q_ready.at[wg])
+        with jax.named_scope("load_q"):
+            plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0, ROWS_PER_WG), kv_head], q_tile, q_ready.at[wg])
+            plgpu.barrier_wait(q_ready.at[wg])
         rows_layout = plgpu.Layout.WGMMA.reduce(1)
         m = _layout_cast(jnp.full((ROWS_PER_WG,), -jnp.inf, jnp.float32), rows_layout, interpret)
         l = _layout_cast(jnp.full((ROWS_PER_WG,), 0.0, jnp.float32), rows_layout, interpret)
@@ -164,25 +166,22 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
                     take_turn()
                 return s_ref[...]
 
-            s = pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, bk), jnp.float32))
+            with jax.named_scope("scores"):
+                s = pl.run_scoped(qk, plgpu.ACC((ROWS_PER_WG, bk), jnp.float32))
             refilled = i + stages < steps  # the memory warpgroup waits for this slot only if it loads it again
             pl.when(refilled)(lambda: plgpu.barrier_arrive(k_free.at[slot]))
-            if masked:  # the last block: keys before start + i * bk were seen by block i - 1, keys >= end are not ours
-                key = key0(i) + _column_iota((ROWS_PER_WG, bk), interpret)
-                s = jnp.where((key >= start + i * bk) & (key < end), s, -jnp.inf)
-            m_new = jnp.maximum(m, s.max(axis=1) * scale2)  # base-2 units, scaled
-            alpha = jnp.exp2(m - m_new)
-            p = jnp.exp2(s * scale2 - lax.broadcast_in_dim(m_new, s.shape, [0]))
-            l = l * alpha + p.sum(axis=1)
-            p_half = p.astype(q_tile.dtype)
-            alpha_acc = lax.broadcast_in_dim(alpha, acc.shape, [0])
-            if cfg.accumulate == "state":
-                acc = acc * alpha_acc
-            if pingpong:
-                plgpu.barrier_arrive(turn)
-            plgpu.barrier_wait(v_ready.at[slot])
-            if pingpong:
-                plgpu.barrier_wait(turn)
+            with jax.named_scope("softmax"):
+                if masked:  # the last block: keys before start + i * bk were seen by block i - 1, keys >= end not ours
+                    key = key0(i) + _column_iota((ROWS_PER_WG, bk), interpret)
+                    s = jnp.where((key >= start + i * bk) & (key < end), s, -jnp.inf)
+                m_new = jnp.maximum(m, s.max(axis=1) * scale2)  # base-2 units, scaled
+                alpha = jnp.exp2(m - m_new)
+                p = jnp.exp2(s * scale2 - lax.broadcast_in_dim(m_new, s.shape, [0]))
+                l = l * alpha + p.sum(axis=1)
+                p_half = p.astype(q_tile.dtype)
+                alpha_acc = lax.broadcast_in_dim(alpha, acc.shape, [0])
+                if cfg.accumulate == "state":
+                    acc = acc * alpha_acc
 
             def pv(acc_ref):
                 plgpu.wgmma(acc_ref, p_half, v_smem.at[slot])
@@ -194,10 +193,16 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
                 if cfg.accumulate == "fresh":
                     return acc_ref[...]
 
-            if cfg.accumulate == "state":  # P V accumulates into acc's registers
-                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
-            else:  # P V into a fresh accumulator, rescale and add in one FMA (jax's interpreter lacks run_state)
-                acc = acc * alpha_acc + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
+            with jax.named_scope("pv"):  # (with the wait for the next block's K)
+                if pingpong:
+                    plgpu.barrier_arrive(turn)
+                plgpu.barrier_wait(v_ready.at[slot])
+                if pingpong:
+                    plgpu.barrier_wait(turn)
+                if cfg.accumulate == "state":  # P V accumulates into acc's registers
+                    acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+                else:  # P V into a fresh accumulator, rescale and add in one FMA (jax's interpreter lacks run_state)
+                    acc = acc * alpha_acc + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
             pl.when(refilled)(lambda: plgpu.barrier_arrive(v_free.at[slot]))
             return acc, m_new, l
 
@@ -206,13 +211,14 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
         if pingpong:
             pl.when(wg == 0)(take_turn)
 
-        l_safe = jnp.maximum(l, 1.0)  # l >= 1 whenever a key was seen (its max term is 2^0); else acc = 0, m = -inf
-        q_tile[...] = (acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])).astype(q_tile.dtype)
-        lse_smem.at[wg][...] = m * LN2 + jnp.log(l_safe)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(q_tile, o_ref.at[split, batch, pl.ds(row0, ROWS_PER_WG), kv_head])
-        plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[split, batch, kv_head, pl.ds(row0, ROWS_PER_WG)])
-        plgpu.wait_smem_to_gmem(0)
+        with jax.named_scope("write_out"):
+            l_safe = jnp.maximum(l, 1.0)  # l >= 1 whenever a key was seen (its max term is 2^0); else acc 0, m -inf
+            q_tile[...] = (acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])).astype(q_tile.dtype)
+            lse_smem.at[wg][...] = m * LN2 + jnp.log(l_safe)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(q_tile, o_ref.at[split, batch, pl.ds(row0, ROWS_PER_WG), kv_head])
+            plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[split, batch, kv_head, pl.ds(row0, ROWS_PER_WG)])
+            plgpu.wait_smem_to_gmem(0)
 
     @pl.when(wg == C)
     def _memory():
@@ -235,7 +241,7 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
 
 
 def _lower(lengths_B, q_BxRxKxD, k_BxSxKxD, v_BxSxKxD, *, cfg: MosaicConfig, scale: float, valid_rows: int,
-           interpret: bool):
+           interpret: bool, profile_dir: str | None):
     B, R, K, D = q_BxRxKxD.shape
     S = k_BxSxKxD.shape[1]
     dtype = q_BxRxKxD.dtype
@@ -259,7 +265,8 @@ def _lower(lengths_B, q_BxRxKxD, k_BxSxKxD, v_BxSxKxD, *, cfg: MosaicConfig, sca
         from pallas.mosaic_interpret import interpret_params
         options = dict(interpret=interpret_params())
     else:
-        options = dict(compiler_params=plgpu.CompilerParams(approx_math=True))
+        profile = dict(profile_space=PROFILE_EVENTS, profile_dir=profile_dir) if profile_dir else {}
+        options = dict(compiler_params=plgpu.CompilerParams(approx_math=True, **profile))
     out_type = (jax.ShapeDtypeStruct((cfg.num_splits, B, R, K, D), dtype),
                 jax.ShapeDtypeStruct((cfg.num_splits, B, K, R), jnp.float32))
     return plgpu.kernel(entry, out_type=out_type, grid=(R // cfg.rows_per_block(), cfg.num_splits, K * B),
@@ -267,16 +274,19 @@ def _lower(lengths_B, q_BxRxKxD, k_BxSxKxD, v_BxSxKxD, *, cfg: MosaicConfig, sca
                         **options)(lengths_B, q_BxRxKxD, k_BxSxKxD, v_BxSxKxD)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "scale", "valid_rows", "interpret"))
+@functools.partial(jax.jit, static_argnames=("cfg", "scale", "valid_rows", "interpret", "profile_dir"))
 def mosaic_cache_partials(q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B, *, cfg: MosaicConfig,
-                          scale: float, valid_rows: int | None = None, interpret: bool = False):
+                          scale: float, valid_rows: int | None = None, interpret: bool = False,
+                          profile_dir: str | None = None):
     """Per-split attention of the folded rows over the valid cache prefix (module docstring).
 
     q_BxRxKxD: folded queries (``fold_group``), R a multiple of ``cfg.rows_per_block()``. Returns
     ``(o [splits, B, R, K, D] in q.dtype, lse [splits, B, K, R] float32)``, each split normalised on its own.
     valid_rows: the rows that are not padding (default R); a warpgroup whose 64 rows all lie past them computes
     nothing, and its rows of the output are left unwritten. ``interpret=True`` runs the kernel in jax's Mosaic GPU
-    interpreter (any device; slow, for tests; always with ``accumulate="fresh"``).
+    interpreter (any device; slow, for tests; always with ``accumulate="fresh"``). profile_dir: run Mosaic GPU's
+    on-device profiler, which writes a Chrome trace of each call's named scopes per warpgroup there (compiled
+    kernel only; :mod:`infer.bench.mosaic_phases` reads it).
     """
     B, R, K, D = q_BxRxKxD.shape
     if k_cache_BxSxKxD.shape[0] != B or k_cache_BxSxKxD.shape[2:] != (K, D) or (
@@ -291,10 +301,12 @@ def mosaic_cache_partials(q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B
     valid_rows = R if valid_rows is None else valid_rows
     if not 0 < valid_rows <= R:
         raise ValueError(f"mosaic cache attention: valid_rows={valid_rows} must be in [1, {R}]")
+    if interpret and profile_dir:
+        raise ValueError("mosaic cache attention: profile_dir needs the compiled kernel, not the interpreter")
     if interpret:  # jax's Mosaic GPU interpreter has no pl.run_state
         cfg = dataclasses.replace(cfg, accumulate="fresh")
     return _lower(lengths_B.astype(jnp.int32), q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, cfg=cfg,
-                  scale=float(scale), valid_rows=valid_rows, interpret=interpret)
+                  scale=float(scale), valid_rows=valid_rows, interpret=interpret, profile_dir=profile_dir)
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "config", "interpret"))

@@ -114,3 +114,49 @@ def test_mosaic_variants_are_the_asked_one_step_changes():
     assert variants(dataclasses.replace(base, compute_wgs=3), 16384, ("schedule",))[1:] == []  # ping-pong needs two
     with pytest.raises(argparse.ArgumentTypeError, match="unknown variant kind"):
         attention.variant_kinds_arg("barrier")
+
+
+def _trace(block: int, wg: int, compute_wgs: int, scopes: list) -> list:
+    """Profiler events of one warpgroup: ``scopes`` = [(name, begin, end)] in thousands of cycles."""
+    tid = 1 + block * (compute_wgs + 1) + wg
+    events = []
+    for name, begin, end in scopes:
+        events += [dict(name=name, ph="B", ts=begin, pid=1, tid=tid), dict(name=name, ph="E", ts=end, pid=1, tid=tid)]
+    return events
+
+
+def test_phase_table_averages_the_compute_warpgroups_that_ran():
+    from infer.bench.mosaic_phases import phase_table, phases_markdown
+    C = 2
+    nested = _trace(1, 1, C, [("softmax", 10, 20)])
+    nested[1:1] = _trace(1, 1, C, [("inner", 12, 13)])  # a scope inside softmax: its time is softmax's
+    events = (_trace(0, 0, C, [("Init", 0, 1), ("load_q", 1, 3), ("scores", 3, 4), ("softmax", 4, 8),
+                               ("pv", 8, 10), ("write_out", 11, 12)])
+              + _trace(0, 1, C, [("Init", 0, 1), ("load_q", 1, 2), ("scores", 2, 5), ("softmax", 5, 7),
+                                 ("pv", 7, 8), ("scores", 8, 9), ("softmax", 9, 11), ("write_out", 11, 12)])
+              + _trace(0, 2, C, [("Init", 0, 1), ("softmax", 1, 2)])  # the memory warpgroup: not counted
+              + _trace(1, 0, C, [("Init", 100, 101), ("load_q", 101, 140)])  # all padding (no softmax): not counted
+              + nested)
+    table = phase_table(events, C)
+    assert table["traces"] == 3
+    assert table["kcycles"] == pytest.approx(dict(load_q=1.0, scores=5 / 3, softmax=(4 + 4 + 10) / 3, pv=1.0,
+                                                  write_out=2 / 3))
+    assert table["span_kcycles"] == pytest.approx((12 + 12 + 10) / 3)
+    assert table["other_kcycles"] == pytest.approx(table["span_kcycles"] - sum(table["kcycles"].values()))
+    row = dict(model="padded-8b", D=64, S=16384, B=1, rows=276, config=dict(num_splits=11, compute_wgs=3), **table)
+    text = "\n".join(phases_markdown([row, dict(model="llama3-8b", D=128, S=32768, B=1, error="boom")]))
+    assert "| padded-8b | 64 | 16384 | 1 | 276 | 11 | 3 | 3 | 11.3 | 1.0 (9%) | 1.7 (15%) | 6.0 (53%) |" in text
+    assert "| llama3-8b | 128 | 32768 | 1 | boom |" in text
+    with pytest.raises(ValueError, match="no compute warpgroup"):
+        phase_table(_trace(0, 2, C, [("Init", 0, 1)]), C)
+
+
+def test_phases_section_is_gpu_only_and_profiling_needs_the_compiled_kernel(tmp_path):
+    from pallas.mosaic_cache_attention import MosaicConfig, mosaic_cache_partials
+    args = attention.parse_args(["--sections", "phases", "--out", str(tmp_path)])
+    assert args.section_list == ["phases"]
+    q = jnp.zeros((1, 64, 1, 64), jnp.bfloat16)
+    kv = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
+    with pytest.raises(ValueError, match="profile_dir needs the compiled kernel"):
+        mosaic_cache_partials(q, kv, kv, jnp.array([128]), cfg=MosaicConfig(num_splits=1, compute_wgs=1), scale=0.1,
+                              interpret=True, profile_dir=str(tmp_path))

@@ -12,6 +12,8 @@ Sections (``--sections``, default all, in this order):
           count of the cuDNN cache half
   mosaic  the Mosaic GPU cache half's launch shapes (``--mosaic-shapes``) against the cuDNN cache half and the
           roofline (GPU only: :mod:`infer.bench.attention_mosaic`)
+  phases  the Mosaic GPU cache half's compute warpgroups by phase (Q K^T, softmax, P V, ...) at the same shapes,
+          from Mosaic GPU's on-device profiler (GPU only: :mod:`infer.bench.mosaic_phases`)
   table   Llama-3-8B (32/8 heads) and Vicuna-7B (32/32) shapes, head_dim 128, bf16, batch 1 and 4, cache
           length 4k..64k, 74 new tokens under a random tree mask: hybrid attention with impl pallas / xla / naive,
           the Pallas cache half alone (and its kernel alone), the tree half alone, single-token decode
@@ -39,9 +41,10 @@ from infer.bench.attention_loop import L2_BYTES, OpTimer
 from infer.bench.attention_mosaic import VARIANT_KINDS, run_sweep_mosaic
 from infer.bench.attention_report import markdown
 from infer.bench.attention_sections import run_sweep, run_sweep_cudnn, run_table, sweep_best
+from infer.bench.mosaic_phases import run_phases
 from infer.bench.harness import arg_parser, copy_bandwidth, log, names_arg, write_report
 
-SECTIONS = ("copy", "sweep", "mosaic", "table")
+SECTIONS = ("copy", "sweep", "mosaic", "phases", "table")
 TIMING_METHOD = ("each op run n times inside one jitted lax.fori_loop; every step perturbs its inputs by a scalar "
                  "of the previous output (x 1e-30) and rewrites the cache's last slot in place, so nothing is "
                  "folded or hoisted; R distinct K/V sets rotated (cycle >= 3x L2 where possible); n chosen so "
@@ -156,6 +159,13 @@ def main(argv=None) -> dict:
             save()
         else:
             log("== mosaic: skipped (needs a GPU; the Mosaic GPU interpreter is too slow to time)")
+    if "phases" in args.section_list:
+        if jax.default_backend() == "gpu":
+            log("== phases")
+            report["mosaic_phases"] = run_phases(args)
+            save()
+        else:
+            log("== phases: skipped (needs a GPU: the on-device profiler times the compiled kernel)")
     if "table" in args.section_list:
         log("== table")
         report["table"] = run_table(args, backend, copy_bw, t_start, timer)

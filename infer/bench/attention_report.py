@@ -5,6 +5,7 @@ from __future__ import annotations
 from infer.bench.attention_loop import l2_cell
 from infer.bench.attention_mosaic import mosaic_markdown
 from infer.bench.harness import md_header, md_row
+from infer.bench.mosaic_phases import phases_markdown
 
 TABLE_COLUMNS = ("gpu", "mosaic", "pallas", "cudnn", "xla", "naive", "cache", "kernel", "cache_cudnn", "cache_mosaic",
                  "mgpu", "tree", "decode", "decode_cudnn", "dpa")
@@ -103,4 +104,6 @@ def markdown(report: dict) -> str:
         lines += _table(report["table"], report.get("dtype", "bfloat16"))
     if report.get("sweep_mosaic"):
         lines += mosaic_markdown(report["sweep_mosaic"])
+    if report.get("mosaic_phases"):
+        lines += phases_markdown(report["mosaic_phases"])
     return "\n".join(lines + _sweeps(report))
