@@ -1,0 +1,58 @@
+"""Kernel-only probe of the Mosaic cache half: schedules at the verify shapes."""
+import dataclasses, json, sys, time
+import jax, jax.numpy as jnp
+from pallas.mosaic_cache_attention import mosaic_cache_partials, MosaicConfig, default_mosaic_config
+
+B, NSETS = 1, 4
+key = jax.random.PRNGKey(0)
+results = []
+_kv = {}
+
+
+def kv_sets(K, D, S):
+    if (K, D, S) not in _kv:
+        _kv.clear()
+        ks = [jax.random.normal(jax.random.fold_in(key, i), (B, S, K, D), jnp.bfloat16) for i in range(2 * NSETS)]
+        _kv[(K, D, S)] = [(ks[2 * i], ks[2 * i + 1]) for i in range(NSETS)]
+    return _kv[(K, D, S)]
+
+
+def timed(name, cfg, R, valid, K=18, D=64, S=16384):
+    kv = kv_sets(K, D, S)
+    lengths = jnp.full((B,), S, jnp.int32)
+    q = jax.random.normal(key, (B, R, K, D), jnp.bfloat16)
+    f = jax.jit(lambda q, kv: [mosaic_cache_partials(q, k, v, lengths, cfg=cfg, scale=D ** -0.5, valid_rows=valid)
+                               for k, v in kv])
+    try:
+        jax.block_until_ready(f(q, kv))
+    except Exception as e:
+        print(f"{name}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
+        results.append(dict(name=name, error=str(e)[:2000]))
+        return
+    best = []
+    for rep in range(3):
+        t = time.perf_counter()
+        for _ in range(25):
+            out = f(q, kv)
+        jax.block_until_ready(out)
+        best.append((time.perf_counter() - t) / (25 * NSETS) * 1e6)
+    us = min(best)
+    results.append(dict(name=name, cfg=dataclasses.asdict(cfg), R=R, valid=valid, K=K, D=D, S=S, us=us))
+    print(f"{name:34s} R={R} valid={valid} K={K} D={D} S={S} {cfg}: {us:.1f} us", flush=True)
+
+
+def main(which):
+    rp = dataclasses.replace
+    wgs3 = default_mosaic_config(1, 18, 256, 16384, 64)
+    wgs2 = default_mosaic_config(1, 18, 256, 16384, 64, compute_wgs=2)
+    print("configs:", wgs3, wgs2, flush=True)
+    timed("256 rows, 3 wgs (default)", wgs3, 384, 256)
+    timed("256 rows, 2 wgs", wgs2, 256, 256)
+    timed("256 rows, 3 wgs again", wgs3, 384, 256)
+    timed("256 rows, 2 wgs, 11 splits", rp(wgs2, num_splits=11), 256, 256)
+    timed("256 rows, 2 wgs again", wgs2, 256, 256)
+    timed("276 rows, 3 wgs (default)", default_mosaic_config(1, 18, 276, 16384, 64), 384, 276)
+
+
+main(sys.argv[2:])
+json.dump(results, open(sys.argv[1], "w"), indent=1)
