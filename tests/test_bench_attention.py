@@ -151,12 +151,19 @@ def test_phase_table_averages_the_compute_warpgroups_that_ran():
         phase_table(_trace(0, 2, C, [("Init", 0, 1)]), C)
 
 
-def test_phases_section_is_gpu_only_and_profiling_needs_the_compiled_kernel(tmp_path):
+def test_phases_section_is_gpu_only_and_profiling_needs_the_compiled_kernel(tmp_path, monkeypatch):
+    from infer.bench import mosaic_phases
     from pallas.mosaic_cache_attention import MosaicConfig, mosaic_cache_partials
-    args = attention.parse_args(["--sections", "phases", "--out", str(tmp_path)])
-    assert args.section_list == ["phases"]
+    report = attention.main(["--sections", "phases", "--out", str(tmp_path)])
+    assert "mosaic_phases" not in report and (tmp_path / "bench_attention.json").exists()  # skipped off a GPU
     q = jnp.zeros((1, 64, 1, 64), jnp.bfloat16)
     kv = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
     with pytest.raises(ValueError, match="profile_dir needs the compiled kernel"):
         mosaic_cache_partials(q, kv, kv, jnp.array([128]), cfg=MosaicConfig(num_splits=1, compute_wgs=1), scale=0.1,
                               interpret=True, profile_dir=str(tmp_path))
+
+    def no_cpu(*_):
+        raise RuntimeError("Unknown backend cpu")
+    monkeypatch.setattr(mosaic_phases.jax, "devices", no_cpu)
+    with pytest.raises(RuntimeError, match="JAX_PLATFORMS=cuda,cpu"):
+        mosaic_phases.run_phases(attention.parse_args(["--out", str(tmp_path)]))

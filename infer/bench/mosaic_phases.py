@@ -80,7 +80,10 @@ def profile_shape(model: str, D: int, S: int, B: int, M: int) -> dict:
                                                         inputs["lengths"], cfg=cfg, scale=D ** -0.5,
                                                         valid_rows=rows, profile_dir=trace_dir))
         jax.effects_barrier()
-        newest = max(glob.glob(os.path.join(trace_dir, "*-trace.json")), key=os.path.getmtime)
+        traces = glob.glob(os.path.join(trace_dir, "*-trace.json"))
+        if not traces:
+            raise RuntimeError(f"mosaic phases: the profiler wrote no trace into {trace_dir}")
+        newest = max(traces, key=os.path.getmtime)
         with open(newest) as f:
             events = json.load(f)["traceEvents"]
     return dict(model=model, D=D, S=S, B=B, M=M, rows=rows, config=dataclasses.asdict(cfg),
