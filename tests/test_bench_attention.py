@@ -143,10 +143,14 @@ def test_phase_table_averages_the_compute_warpgroups_that_ran():
                                                   write_out=2 / 3))
     assert table["span_kcycles"] == pytest.approx((12 + 12 + 10) / 3)
     assert table["other_kcycles"] == pytest.approx(table["span_kcycles"] - sum(table["kcycles"].values()))
-    row = dict(model="padded-8b", D=64, S=16384, B=1, rows=276, config=dict(num_splits=11, compute_wgs=3), **table)
-    text = "\n".join(phases_markdown([row, dict(model="llama3-8b", D=128, S=32768, B=1, error="boom")]))
-    assert "| padded-8b | 64 | 16384 | 1 | 276 | 11 | 3 | 3 | 11.3 | 1.0 (9%) | 1.7 (15%) | 6.0 (53%) |" in text
-    assert "| llama3-8b | 128 | 32768 | 1 | boom |" in text
+    config = dict(num_splits=11, compute_wgs=3, block_kv=128, stages=3, pingpong=True, accumulate="state")
+    row = dict(model="padded-8b", D=64, S=16384, B=1, rows=276, config=config, default=True, **table)
+    failed = dict(model="padded-8b", D=64, S=16384, B=1, rows=276, default=False, error="boom",
+                  config=dict(config, compute_wgs=2, pingpong=False, accumulate="fresh"))
+    text = "\n".join(phases_markdown([row, failed]))
+    assert ("| padded-8b | 64 | 16384 | 1 | 276 | 11 splits, 3 wgs, 128-key blocks, 3 stages (default) | 3 | 11.3 | "
+            "1.0 (9%) | 1.7 (15%) | 6.0 (53%) |") in text
+    assert "| 11 splits, 2 wgs, 128-key blocks, 3 stages, free, fresh | boom |" in text
     with pytest.raises(ValueError, match="no compute warpgroup"):
         phase_table(_trace(0, 2, C, [("Init", 0, 1)]), C)
 
@@ -162,8 +166,18 @@ def test_phases_section_is_gpu_only_and_profiling_needs_the_compiled_kernel(tmp_
         mosaic_cache_partials(q, kv, kv, jnp.array([128]), cfg=MosaicConfig(num_splits=1, compute_wgs=1), scale=0.1,
                               interpret=True, profile_dir=str(tmp_path))
 
+    profiled = []
+    monkeypatch.setattr(mosaic_phases, "make_inputs", lambda *a: {})
+    monkeypatch.setattr(mosaic_phases, "profile_config", lambda inputs, cfg, K, rows: profiled.append((cfg, K, rows))
+                        or dict(traces=1, span_kcycles=1.0, kcycles={}, other_kcycles=1.0))
+    args = attention.parse_args(["--out", str(tmp_path), "--mosaic-shapes", "padded-8b:64:16384:1",
+                                 "--mosaic-variants", "wgs"])
+    recs = mosaic_phases.run_phases(args)
+    assert [r["default"] for r in recs] == [True, False, False] and [p[1:] for p in profiled] == [(18, 296)] * 3
+    assert [p[0].compute_wgs for p in profiled] == [3, 1, 2]  # the default (three above 128 rows), then the others
+
     def no_cpu(*_):
         raise RuntimeError("Unknown backend cpu")
     monkeypatch.setattr(mosaic_phases.jax, "devices", no_cpu)
     with pytest.raises(RuntimeError, match="JAX_PLATFORMS=cuda,cpu"):
-        mosaic_phases.run_phases(attention.parse_args(["--out", str(tmp_path)]))
+        mosaic_phases.run_phases(args)

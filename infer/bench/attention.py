@@ -12,8 +12,9 @@ Sections (``--sections``, default all, in this order):
           count of the cuDNN cache half
   mosaic  the Mosaic GPU cache half's launch shapes (``--mosaic-shapes``) against the cuDNN cache half and the
           roofline (GPU only: :mod:`infer.bench.attention_mosaic`)
-  phases  the Mosaic GPU cache half's compute warpgroups by phase (Q K^T, softmax, P V, ...) at the same shapes,
-          from Mosaic GPU's on-device profiler (GPU only: :mod:`infer.bench.mosaic_phases`)
+  phases  the Mosaic GPU cache half's compute warpgroups by phase (Q K^T, softmax, P V, ...), same shapes and
+          config variants, from Mosaic GPU's on-device profiler (GPU only, with JAX_PLATFORMS=cuda,cpu:
+          :mod:`infer.bench.mosaic_phases`)
   table   Llama-3-8B (32/8 heads) and Vicuna-7B (32/32) shapes, head_dim 128, bf16, batch 1 and 4, cache
           length 4k..64k, 74 new tokens under a random tree mask: hybrid attention with impl pallas / xla / naive,
           the Pallas cache half alone (and its kernel alone), the tree half alone, single-token decode
@@ -97,8 +98,9 @@ def parse_args(argv=None):
                    help="model:head_dim:cache_length:batch,... of the mosaic section")
     p.add_argument("--mosaic-budget-s", type=float, default=150.0)
     p.add_argument("--mosaic-variants", type=variant_kinds_arg, default=VARIANT_KINDS, metavar="KIND,...",
-                   help=f"mosaic section: which one-step changes of the default config to time besides it "
-                        f"(any of {','.join(VARIANT_KINDS)}; 'none': the default config and cuDNN only)")
+                   help=f"mosaic and phases sections: which one-step changes of the default config to run "
+                        f"besides it (any of {','.join(VARIANT_KINDS)}; 'none': the default config (and cuDNN) "
+                        f"only)")
     p.add_argument("--target-s", type=float, default=0.025,
                    help="seconds per timed call: the in-jit loop count n is chosen so one call lasts about this")
     p.add_argument("--calls", type=int, default=5, help="timed calls per op (median reported), after a warm-up")
