@@ -43,6 +43,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas.folding import fold_group, merge_folded_splits
 from pallas.mosaic_config import ROWS_PER_WG, MosaicConfig, default_mosaic_config
 from pallas.reference import check_cache_operands, default_scale
+from pallas.sizes import ceil_div
 
 __all__ = ["MosaicConfig", "ROWS_PER_WG", "mosaic_cache_attention", "mosaic_cache_partials", "default_mosaic_config",
            "mosaic_supports", "check_mosaic_operands", "mosaic_runs_here", "MOSAIC_DTYPES"]
@@ -50,7 +51,6 @@ __all__ = ["MosaicConfig", "ROWS_PER_WG", "mosaic_cache_attention", "mosaic_cach
 MOSAIC_DTYPES = (jnp.bfloat16, jnp.float16)
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
-PROFILE_EVENTS = 1024  # named-scope entries and exits that the on-device profiler keeps per warpgroup and call
 
 
 def mosaic_supports(q_dtype, cache_dtype, head_dim: int) -> bool:
@@ -265,7 +265,10 @@ def _lower(lengths_B, q_BxRxKxD, k_BxSxKxD, v_BxSxKxD, *, cfg: MosaicConfig, sca
         from pallas.mosaic_interpret import interpret_params
         options = dict(interpret=interpret_params())
     else:
-        profile = dict(profile_space=PROFILE_EVENTS, profile_dir=profile_dir) if profile_dir else {}
+        # the on-device profiler keeps each warpgroup's stamps in shared memory: room for the named scopes of the
+        # longest chunk (three a key block, four around the loop, and slack)
+        ranges = 3 * (ceil_div(ceil_div(S, cfg.num_splits), cfg.block_kv) + 1) + 8
+        profile = dict(profile_space=ranges, profile_dir=profile_dir) if profile_dir else {}
         options = dict(compiler_params=plgpu.CompilerParams(approx_math=True, **profile))
     out_type = (jax.ShapeDtypeStruct((cfg.num_splits, B, R, K, D), dtype),
                 jax.ShapeDtypeStruct((cfg.num_splits, B, K, R), jnp.float32))
