@@ -16,7 +16,8 @@ import numpy as np
 from infer.decoding import DecodeSettings, StopCriteria
 from infer.lookup import LookupSettings, PromptLookup, lookup_generate
 from infer.plain import plain_generate
-from infer.speculative import SpecSettings, speculative_generate, speculative_sampling_acceptance
+from infer.speculative import (SPECULATIVE_OPTIONS, SpecSettings, speculative_generate,
+                               speculative_sampling_acceptance)
 from longspec_jax.attention import resolve_impl
 from longspec_jax.draft import Draft
 from longspec_jax.mesh import DATA
@@ -113,8 +114,11 @@ def _compiled(loop: str, options: tuple) -> callable:
     return jax.jit(fun, static_argnames=static, compiler_options=dict(options) or None)
 
 
-def _options(reproducible: bool) -> tuple:
-    return tuple(sorted(REPRODUCIBLE_OPTIONS.items())) if reproducible else ()
+def _options(loop: str, reproducible: bool) -> tuple:
+    """The XLA options a ``loop`` is compiled with (``(name, value)`` pairs)."""
+    options = {**(REPRODUCIBLE_OPTIONS if reproducible else {}),
+               **(SPECULATIVE_OPTIONS if loop == "speculative" else {})}
+    return tuple(sorted(options.items()))
 
 
 _memory_records: contextvars.ContextVar[list | None] = contextvars.ContextVar("memory_records", default=None)
@@ -135,7 +139,7 @@ def recording_program_memory():
 
 def _call_loop(loop: str, reproducible: bool, *args, **static):
     """Runs a compiled loop (its peak bytes recorded inside :func:`recording_program_memory`)."""
-    jitted = _compiled(loop, _options(reproducible))
+    jitted = _compiled(loop, _options(loop, reproducible))
     records = _memory_records.get()
     if records is not None:
         stats = jitted.lower(*args, **static).compile().memory_analysis()

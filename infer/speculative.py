@@ -23,6 +23,13 @@ from longspec_jax.sampling import sampling_log_probs, select_tokens
 from longspec_jax.target import forward_tree, lm_head_logits
 from longspec_jax.tree import Acceptance, Tree, TreeSpec, accept, build_tree
 
+# XLA options the speculative loop is compiled with (by generate(), reproducible or not, and by the benchmarks):
+# inside a command buffer, kernels that do not depend on each other may run at the same time, where XLA's default
+# runs them one after another in its schedule's order. At 16k on the padded 8B pair a round is 4.1% faster (6.9%
+# with generate's reproducible options), while a plain step is 2.5% slower, so plain decoding keeps the default
+# (docs/benchmarks.md 7m). It changes the launch order only, no kernel, so no output.
+SPECULATIVE_OPTIONS = {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}
+
 
 def exact_acceptance(tree: Tree, target_logits_BxNxV, key, settings: "SpecSettings") -> Acceptance:
     """The target's own choice after every node (argmax, or an independent draw from its sampling distribution

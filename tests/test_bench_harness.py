@@ -56,6 +56,11 @@ def test_time_loop_rechooses_reps_for_the_target_once():
     assert int(carry) == 5 + 1 + 2  # warm-up of the first loop, then of the second, then 2 calls
 
 
+def test_time_loop_compiles_with_the_options_given():
+    with pytest.raises(Exception, match="xla_no_such_option"):
+        harness.time_loop(_add_one, jnp.int32(0), (), reps=2, options={"xla_no_such_option": 1})
+
+
 def test_net_of_overhead():
     r = harness.net_of_overhead(30e-6, 12e-6)
     assert r["us"] == pytest.approx(18.0) and r["raw_us"] == pytest.approx(30.0)

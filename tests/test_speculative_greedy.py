@@ -10,6 +10,7 @@ the shares, so the cases cannot quietly stop reaching them.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import itertools
 
 import numpy as np
@@ -152,6 +153,21 @@ def test_oracle_draft_accepts_whole_paths():
     np.testing.assert_array_equal(out.num_rounds, [10])
     np.testing.assert_array_equal(out.accept_counts[:, -1], [10])
     assert out.mean_accepted == pytest.approx(61 / 11)
+
+
+def test_speculative_options_reach_the_speculative_compile_only(monkeypatch):
+    """An option XLA does not know fails the speculative loop's compile and not the plain loop's, so the speculative
+    loop's own XLA options are really used, and used for it alone (they slow plain decoding, docs/benchmarks.md
+    7m); the real ones compile here too (every speculative test)."""
+    generate_module = importlib.import_module("infer.generate")  # the package's ``generate`` is the function
+    target = tiny_target(3)
+    monkeypatch.setattr(generate_module, "SPECULATIVE_OPTIONS", {"xla_no_such_option": 1})
+    for reproducible in (True, False):
+        out = generate(target, [[5, 9, 2]], max_new_tokens=3, eos_token_id=[], reproducible=reproducible)
+        assert out.tokens.shape == (1, 3)
+        with pytest.raises(Exception, match="xla_no_such_option"):
+            generate(target, [[5, 9, 2]], draft=random_draft(0), max_new_tokens=3, eos_token_id=[],
+                     tree_shape=(2, 2), reproducible=reproducible)
 
 
 PROMPTS = [[3, 4, 5] * 6, list(range(10, 34)), [7, 1] * 16]  # as narrow-b3: 3 prompts of 17 to 32 tokens

@@ -74,17 +74,19 @@ def _timed_call(compiled, carry, consts):
 
 
 def time_loop(step: Callable, carry, consts: tuple = (), reps: int = 1, calls: int = 1, *,
-              reset: Callable | None = None, target_s: float | None = None) -> tuple[LoopTime, Any]:
+              reset: Callable | None = None, target_s: float | None = None,
+              options: dict | None = None) -> tuple[LoopTime, Any]:
     """Times ``carry = step(carry, *consts)`` repeated ``reps`` times in one jitted ``fori_loop``; returns the
     timing and the final carry (keep it: the one passed in is donated).
 
     ``reset(carry) -> carry`` runs untimed before each timed call (e.g. to rewind cache lengths). With
     ``target_s``, ``reps`` is a first guess: if the warm-up call lasts under 0.6x or over 10x ``target_s``,
-    reps is chosen again from the measured time and the loop compiled once more."""
+    reps is chosen again from the measured time and the loop compiled once more. ``options``: XLA compiler
+    options of the compile."""
     compile_s = 0.0
     while True:
         t0 = time.perf_counter()
-        compiled = loop_runner(step, reps).lower(carry, *consts).compile()
+        compiled = loop_runner(step, reps).lower(carry, *consts).compile(options or {})
         compile_s += time.perf_counter() - t0
         first_s, carry = _timed_call(compiled, carry, consts)
         if target_s is None or not (first_s < RESIZE_BELOW * target_s or (first_s > RESIZE_ABOVE * target_s

@@ -9,8 +9,10 @@ head_dim 128) with random bf16 weights and a random draft of its shapes, on a ra
 shapes, not on what the draft predicts). Each phase (plain decode step, draft step 0, every tree level, verify, the
 whole round) is profiled in the in-loop timing from the post-prefill state (:mod:`infer.bench.trace`): kernels per
 step, summed kernel time, GPU-busy time and wall time per step, where the time goes by source function and by
-kernel, and the GPU's idle gaps by the source of the kernel that ended each. ``--options`` adds XLA compiler-option
-variants (e.g. command buffers off) of every phase; ``--ablate`` adds one variant per named part with that part
+kernel, and the GPU's idle gaps by the source of the kernel that ended each, and the compiled program's temporary
+bytes. Every phase but the plain step is compiled with the speculative loop's XLA options
+(:data:`infer.speculative.SPECULATIVE_OPTIONS`). ``--options`` adds XLA compiler-option variants (e.g. command
+buffers off) of every phase, added to those; ``--ablate`` adds one variant per named part with that part
 computed twice (:mod:`infer.bench.ablation`): its time over the default's is the part's marginal cost in the
 round; ``--impls`` adds one variant per attention impl, timed after the default (``--attention``) in the same
 process, so ``--attention auto --impls mosaic,auto`` times A, B, A; ``--mosaic`` adds variants of the Mosaic GPU
@@ -41,7 +43,7 @@ from infer.bench.trace import profile_loop
 from infer.decoding import StopCriteria
 from infer.generate import pad_prompts, plan_speculative
 from infer.plain import decode_step
-from infer.speculative import spec_round, speculative_start, verify
+from infer.speculative import SPECULATIVE_OPTIONS, spec_round, speculative_start, verify
 from longspec_jax.attention import IMPLS
 from longspec_jax.draft import DraftConfig, draft_root, init_draft
 from longspec_jax.sampling import SamplingConfig
@@ -119,6 +121,10 @@ def profile_context(plan, stop, tparams, weights, tokens, lengths, reps: int, va
     return out
 
 
+def _mib(value) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def _profile_variant(variant, opts, fresh_state, settings, stop, tparams, weights, reps, hlo_dir, phases):
     """The phases of one variant (its doubled parts already patched in): ``{phase: summary}``."""
     spec, ds = settings.tree, settings.draft
@@ -145,7 +151,8 @@ def _profile_variant(variant, opts, fresh_state, settings, stop, tparams, weight
         t0 = time.perf_counter()
         try:
             hlo_path = os.path.join(hlo_dir, f"{variant}_{name}.hlo.txt") if hlo_dir else None
-            rows[name], carry = profile_loop(step, carry, consts, reps, opts, hlo_path)
+            options = opts if name == "plain" else {**SPECULATIVE_OPTIONS, **opts}  # compiled as generate() does
+            rows[name], carry = profile_loop(step, carry, consts, reps, options, hlo_path)
         except Exception as e:  # noqa: BLE001
             rows[name] = dict(error=f"{type(e).__name__}: {e}"[:800])
             log(f"{variant} {name}: {rows[name]['error']}")
@@ -219,9 +226,10 @@ def markdown(results: dict, top: int = 12) -> str:
             lines += [f"\n## {ctx} tokens: ablation"] + ablation
         for variant, rows in variants.items():
             lines.append(f"\n## {ctx} tokens, {variant}\n")
-            lines += md_header(["phase", "wall us", "GPU busy us", "GPU idle us", "kernel sum us", "launches"])
+            lines += md_header(["phase", "wall us", "GPU busy us", "GPU idle us", "kernel sum us", "launches",
+                                "temp MiB"])
             lines += [md_row([n, f"{r['wall_us']:.1f}", f"{r['busy_us']:.1f}", f"{r['idle_us']:.1f}",
-                              f"{r['kernel_sum_us']:.1f}", f"{r['launches']:.0f}"])
+                              f"{r['kernel_sum_us']:.1f}", f"{r['launches']:.0f}", _mib(r.get("temp_mib"))])
                       for n, r in rows.items() if "error" not in r]
             for name, r in rows.items():
                 if "error" in r:

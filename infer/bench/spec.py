@@ -50,7 +50,7 @@ from infer.decoding import Progress, StopCriteria, prefill_and_first_token
 from infer.generate import check_draft_sampling, pad_prompts, plan_speculative
 from infer.main import temperature_arg, tree_shape_arg
 from infer.plain import plain_loop
-from infer.speculative import SpecSettings, speculative_loop, speculative_start
+from infer.speculative import SPECULATIVE_OPTIONS, SpecSettings, speculative_loop, speculative_start
 from longspec_jax.attention import IMPLS
 from longspec_jax.draft import DraftWeights
 from longspec_jax.sampling import SamplingConfig
@@ -142,8 +142,10 @@ def run(args) -> dict:
     plain_run = jax.jit(lambda p, pr, c, last, k: plain_loop(p, base, stop, pr, c, last, k), donate_argnums=2)
 
     def spec_fns(s: SpecSettings):
-        start = jax.jit(lambda p, d, t, l, k: speculative_start(s, p, d, t, l, stop, k))
-        loop = jax.jit(lambda p, d, st: speculative_loop(s, p, d, stop, st), donate_argnums=2)
+        start = jax.jit(lambda p, d, t, l, k: speculative_start(s, p, d, t, l, stop, k),
+                        compiler_options=SPECULATIVE_OPTIONS)
+        loop = jax.jit(lambda p, d, st: speculative_loop(s, p, d, stop, st), donate_argnums=2,
+                       compiler_options=SPECULATIVE_OPTIONS)
         return start, loop
 
     real_fns = spec_fns(settings)

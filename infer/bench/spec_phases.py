@@ -18,15 +18,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from infer.bench.harness import time_loop
-from infer.speculative import SpecSettings, exact_acceptance, spec_round, verify
+from infer.speculative import SPECULATIVE_OPTIONS, SpecSettings, exact_acceptance, spec_round, verify
 from longspec_jax.draft import draft_prefill, draft_root
 from longspec_jax.kv_cache import KVCache, TreeKV, commit
 from longspec_jax.tree import Tree, TreeSpec, grow_tree, start_tree
 
 
 def loop_time(step, carry, consts, reps: int):
-    """Seconds per ``carry = step(carry, *consts)`` in the in-loop timing (one timed call), and the carry."""
-    t, carry = time_loop(step, carry, consts, reps)
+    """Seconds per ``carry = step(carry, *consts)`` in the in-loop timing (one timed call, compiled as the
+    speculative loop is: :data:`infer.speculative.SPECULATIVE_OPTIONS`), and the carry."""
+    t, carry = time_loop(step, carry, consts, reps, options=SPECULATIVE_OPTIONS)
     return t.per_step_s, carry
 
 

@@ -150,7 +150,7 @@ def summarize(events: list[dict], sources: dict[str, str], reps: int, wall_s: fl
 def profile_loop(step, carry, consts: tuple, reps: int, compiler_options: dict | None = None,
                  hlo_path: str | None = None):
     """Compiles the in-loop timing of ``step``, runs it once untraced (warm-up) and once traced; returns the
-    :func:`summarize` dict (wall = the traced call) and the final carry. ``hlo_path``: where to write the compiled
+    :func:`summarize` dict (wall = the traced call) with ``temp_mib`` added, and the final carry. ``hlo_path``: where to write the compiled
     module's text too (its fusions' bodies name what each kernel of the summary computes)."""
     runner = jax.jit(lambda c, *k: jax.lax.fori_loop(0, reps, lambda i, x: step(x, *k), c), donate_argnums=0)
     compiled = runner.lower(carry, *consts).compile(compiler_options or {})
@@ -168,4 +168,12 @@ def profile_loop(step, carry, consts: tuple, reps: int, compiler_options: dict |
         jax.profiler.stop_trace()
         paths = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
         events = kernel_events(paths[-1]) if paths else []
-    return summarize(events, hlo_sources(compiled.as_text()), reps, wall_s), carry
+    summary = summarize(events, hlo_sources(compiled.as_text()), reps, wall_s)
+    return dict(summary, temp_mib=temp_mib(compiled)), carry
+
+
+def temp_mib(compiled) -> float | None:
+    """The compiled program's temporary buffers in MiB (XLA's memory analysis; None where a backend has none)."""
+    stats = compiled.memory_analysis()
+    size = getattr(stats, "temp_size_in_bytes", None)
+    return None if size is None else size / 2**20
