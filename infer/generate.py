@@ -189,7 +189,8 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
     ``pad_prompts_to``: plan shapes as if the longest prompt had this many tokens (at least), so calls with
     prompts of different lengths up to it share one compiled program (prefill then also runs over the padding).
     ``reproducible``: compile with :data:`REPRODUCIBLE_OPTIONS`, so that every process gives the same tokens on
-    the same GPU model and software stack; ``False`` lets XLA autotune kernels by timing them.
+    the same GPU model and software stack; ``False`` lets XLA autotune kernels by timing them. The speculative
+    loop adds :data:`infer.speculative.SPECULATIVE_OPTIONS` either way.
     ``draft_sampling`` (T > 0, a chain ``tree_shape`` such as ``(1, 1, 1, 1)``): the draft samples its chain
     from its own tempered distribution q and the target accepts each token with probability min(1, p / q),
     drawing from the residual at the first rejection (speculative sampling): as exact as the default (a
