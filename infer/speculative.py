@@ -27,7 +27,7 @@ from longspec_jax.tree import Acceptance, Tree, TreeSpec, accept, build_tree
 # inside a command buffer, kernels that do not depend on each other may run at the same time, where XLA's default
 # runs them one after another in its schedule's order. At 16k on the padded 8B pair a round is 4.1% faster (6.9%
 # with generate's reproducible options), while a plain step is 2.5% slower, so plain decoding keeps the default
-# (docs/benchmarks.md 7m). It changes the launch order only, no kernel, so no output.
+# (docs/benchmarks.md 7m). It changes how kernels are launched, not the kernels, so not the output.
 SPECULATIVE_OPTIONS = {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}
 
 

@@ -150,8 +150,9 @@ def summarize(events: list[dict], sources: dict[str, str], reps: int, wall_s: fl
 def profile_loop(step, carry, consts: tuple, reps: int, compiler_options: dict | None = None,
                  hlo_path: str | None = None):
     """Compiles the in-loop timing of ``step``, runs it once untraced (warm-up) and once traced; returns the
-    :func:`summarize` dict (wall = the traced call) with ``temp_mib`` added, and the final carry. ``hlo_path``: where to write the compiled
-    module's text too (its fusions' bodies name what each kernel of the summary computes)."""
+    :func:`summarize` dict (wall = the traced call) with ``temp_mib`` added, and the final carry. ``hlo_path``:
+    where to write the compiled module's text too (its fusions' bodies name what each kernel of the summary
+    computes)."""
     runner = jax.jit(lambda c, *k: jax.lax.fori_loop(0, reps, lambda i, x: step(x, *k), c), donate_argnums=0)
     compiled = runner.lower(carry, *consts).compile(compiler_options or {})
     if hlo_path:
