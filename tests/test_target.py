@@ -142,3 +142,22 @@ def test_attention_impls_give_same_tokens(loaded, name):
     runs = {impl: generate(target, prompts, max_new_tokens=48, eos_token_id=[], prefill_chunk=16, attention=impl)
             for impl in ("naive", "xla")}
     np.testing.assert_array_equal(runs["naive"].tokens, runs["xla"].tokens)
+
+
+@pytest.mark.parametrize("shape_BxT", [(1, 1), (1, 3), (2, 1)])
+def test_lm_head_logits_is_the_float32_matmul_for_any_row_count(shape_BxT):
+    params = {"lm_head": jax.random.normal(jax.random.key(0), (32, 100), jnp.bfloat16)}
+    hidden_BxTxd = jax.random.normal(jax.random.key(1), (*shape_BxT, 32), jnp.bfloat16)
+    expected = jnp.dot(hidden_BxTxd.astype(jnp.float32), params["lm_head"].astype(jnp.float32))
+    logits = lm_head_logits(params, hidden_BxTxd)
+    assert logits.shape == (*shape_BxT, 100) and logits.dtype == jnp.float32
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_lm_head_logits_never_multiplies_a_single_row():
+    """One row goes to the matmul as two (cuBLAS has no bf16 -> f32 matrix-vector product: XLA would convert
+    the whole LM head to float32 on every decoding step; the GPU side of this is in test_gpu_repro.py)."""
+    params = {"lm_head": jnp.zeros((32, 100), jnp.bfloat16)}
+    jaxpr = jax.make_jaxpr(lm_head_logits)(params, jnp.zeros((1, 1, 32), jnp.bfloat16))
+    [dot] = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+    assert dot.invars[0].aval.shape == (1, 2, 32)
