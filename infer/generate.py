@@ -114,11 +114,10 @@ def _compiled(loop: str, options: tuple) -> callable:
     return jax.jit(fun, static_argnames=static, compiler_options=dict(options) or None)
 
 
-def _options(loop: str, reproducible: bool) -> tuple:
-    """The XLA options a ``loop`` is compiled with (``(name, value)`` pairs)."""
-    options = {**(REPRODUCIBLE_OPTIONS if reproducible else {}),
-               **(SPECULATIVE_OPTIONS if loop == "speculative" else {})}
-    return tuple(sorted(options.items()))
+def compile_options(loop: str, reproducible: bool) -> dict:
+    """The XLA options ``generate()`` compiles a ``loop`` (plain, speculative or lookup) with."""
+    return {**(REPRODUCIBLE_OPTIONS if reproducible else {}),
+            **(SPECULATIVE_OPTIONS if loop == "speculative" else {})}
 
 
 _memory_records: contextvars.ContextVar[list | None] = contextvars.ContextVar("memory_records", default=None)
@@ -139,7 +138,7 @@ def recording_program_memory():
 
 def _call_loop(loop: str, reproducible: bool, *args, **static):
     """Runs a compiled loop (its peak bytes recorded inside :func:`recording_program_memory`)."""
-    jitted = _compiled(loop, _options(loop, reproducible))
+    jitted = _compiled(loop, tuple(sorted(compile_options(loop, reproducible).items())))
     records = _memory_records.get()
     if records is not None:
         stats = jitted.lower(*args, **static).compile().memory_analysis()

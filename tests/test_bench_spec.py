@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
 
 from infer.bench import spec as bench_spec
+
+generate_module = importlib.import_module("infer.generate")
 
 
 def test_markdown_rows_and_phases():
@@ -50,6 +53,29 @@ def test_bench_spec_smoke(tmp_path):
     ring = results["draft_state_bytes"]
     assert len({v["ring_bytes"] for v in ring.values()}) == 1  # the draft state does not grow with context
     assert "| 40 |" in (tmp_path / "bench_spec.md").read_text()
+
+
+@pytest.mark.parametrize("compile_mode, bad, failed", [
+    ("reproducible", ("REPRODUCIBLE_OPTIONS", "SPECULATIVE_OPTIONS"), {"vanilla_error": "reproducible"}),
+    ("autotuned", ("REPRODUCIBLE_OPTIONS", "SPECULATIVE_OPTIONS"),
+     {"phases_error": "speculative", "oracle_exact_error": "speculative"}),
+    ("reproducible", ("SPECULATIVE_OPTIONS",), {"phases_error": "speculative", "random_draft_error": "speculative"}),
+])
+def test_compile_mode_reaches_every_loop(tmp_path, monkeypatch, compile_mode, bad, failed):
+    """``--compile`` compiles the plain loop with generate()'s plain options and the phases and speculative
+    loops with its speculative ones: an option XLA does not know fails exactly the compiles it reaches (a failed
+    plain run skips the rest of its context)."""
+    for name in bad:
+        kind = name.split("_")[0].lower()
+        monkeypatch.setattr(generate_module, name, {f"xla_no_such_{kind}_option": 1})
+    assert bench_spec.main(["--out", str(tmp_path), "--smoke", "--new-tokens", "4", "--compile", compile_mode]) == 0
+    results = json.loads((tmp_path / "bench_spec.json").read_text())
+    assert results["compile"] == compile_mode
+    row = results["contexts"]["40"]
+    errors = {k: v for k, v in row.items() if k.endswith("_error")}
+    assert set(errors) >= set(failed)
+    assert all(f"xla_no_such_{failed[k] if k in failed else 'speculative'}_option" in v for k, v in errors.items())
+    assert not any("reproducible_option" in v for k, v in errors.items() if compile_mode == "autotuned")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -17,6 +17,10 @@ computed twice (:mod:`infer.bench.ablation`): its time over the default's is the
 round; ``--impls`` adds one variant per attention impl, timed after the default (``--attention``) in the same
 process, so ``--attention auto --impls mosaic,auto`` times A, B, A; ``--mosaic`` adds variants of the Mosaic GPU
 cache half's launch shape (:mod:`infer.bench.mosaic_override`). ``--phases`` picks the phases.
+
+Wall and idle time include gaps that occur once per profiled call, not per step (e.g. one of 3.2-3.6 ms a call
+in verification and the round under ``xla_gpu_experimental_force_split_k``, docs/benchmarks.md 7p): with few
+``--reps`` compare busy time, and read ``idle_before_kernel``'s launch counts (1 / reps marks such a gap).
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ summed over the rows and tau is their mean. Where a speculative output differs f
 top-2 logit gap at the first difference is recorded (the small fixture computes the padded model's function).
 The round is the reference's tree (4,16,16,16,16) at T=0 unless ``--tree`` / ``--temperature`` /
 ``--draft-sampling`` say otherwise; at T > 0 only the phases are timed (the oracles replay greedy output).
+Every loop is compiled with autotuned kernels (``generate(reproducible=False)``), or with ``--compile
+reproducible`` as ``generate()`` compiles by default (:func:`infer.generate.compile_options`).
 Timings: jitted functions, compile excluded, ``block_until_ready``. Generation loops: median over runs. Phases
 (:mod:`infer.bench.spec_phases`): each phase repeated ``--phase-reps`` times inside one jitted ``fori_loop`` from
 the post-prefill state; the phases of the two commit schemes are timed in turn, ``--commit-repeats`` times.
@@ -47,10 +49,10 @@ from infer.bench.oracle import oracle_hook, oracle_table
 from infer.bench.spec_inputs import build_padded_pair, dev_prompt_tokens, stable_row_starts
 from infer.bench.spec_phases import draft_state_bytes, phase_times
 from infer.decoding import Progress, StopCriteria, prefill_and_first_token
-from infer.generate import check_draft_sampling, pad_prompts, plan_speculative
+from infer.generate import check_draft_sampling, compile_options, pad_prompts, plan_speculative
 from infer.main import temperature_arg, tree_shape_arg
 from infer.plain import plain_loop
-from infer.speculative import SPECULATIVE_OPTIONS, SpecSettings, speculative_loop, speculative_start
+from infer.speculative import SpecSettings, speculative_loop, speculative_start
 from longspec_jax.attention import IMPLS
 from longspec_jax.draft import DraftWeights
 from longspec_jax.sampling import SamplingConfig
@@ -112,7 +114,7 @@ def stream_length(args) -> int:
 def run(args) -> dict:
     results: dict = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
                      "jax": jax.__version__, "tree_shape": list(args.tree), "temperature": args.temperature,
-                     "draft_sampling": args.draft_sampling, "batch": args.batch,
+                     "draft_sampling": args.draft_sampling, "batch": args.batch, "compile": args.compile,
                      "attention": "xla" if args.smoke else args.attention, "contexts": {}}
     t0 = time.perf_counter()
     target, draft, prompt_stream, impl = load_pair(args)
@@ -138,14 +140,18 @@ def run(args) -> dict:
     key = jax.random.PRNGKey(0)
     weights = draft.weights
 
-    plain_start = jax.jit(lambda p, t, l, k: prefill_and_first_token(p, base, t, l, k))
-    plain_run = jax.jit(lambda p, pr, c, last, k: plain_loop(p, base, stop, pr, c, last, k), donate_argnums=2)
+    reproducible = args.compile == "reproducible"
+    plain_options, spec_options = (compile_options(loop, reproducible) for loop in ("plain", "speculative"))
+    plain_start = jax.jit(lambda p, t, l, k: prefill_and_first_token(p, base, t, l, k),
+                          compiler_options=plain_options or None)
+    plain_run = jax.jit(lambda p, pr, c, last, k: plain_loop(p, base, stop, pr, c, last, k), donate_argnums=2,
+                        compiler_options=plain_options or None)
 
     def spec_fns(s: SpecSettings):
         start = jax.jit(lambda p, d, t, l, k: speculative_start(s, p, d, t, l, stop, k),
-                        compiler_options=SPECULATIVE_OPTIONS)
+                        compiler_options=spec_options)
         loop = jax.jit(lambda p, d, st: speculative_loop(s, p, d, stop, st), donate_argnums=2,
-                       compiler_options=SPECULATIVE_OPTIONS)
+                       compiler_options=spec_options)
         return start, loop
 
     real_fns = spec_fns(settings)
@@ -188,7 +194,7 @@ def run(args) -> dict:
         if ctx in args.phase_contexts and time.perf_counter() - t0 < args.budget_s:
             try:
                 row["phases"] = phase_times(settings, tparams, weights, tokens, lengths, stop, key, args.phase_reps,
-                                            real_fns[0], args.commit_repeats)
+                                            real_fns[0], args.commit_repeats, spec_options)
                 copy_bw = results["copy"]["bytes_per_s"]
                 row["floors"] = {name: dict(bytes=f.bytes, flops=f.flops, seconds=f.seconds(copy_bw),
                                             bound=f.bound(copy_bw))
@@ -295,6 +301,9 @@ def main(argv=None) -> int:
                    help="times the verify / commit phases of both commit schemes are timed, in turn")
     p.add_argument("--batch", type=int, default=1, help="sequences per generate call (rows start BATCH_STRIDE apart)")
     p.add_argument("--budget-s", type=float, default=1e9, help="start no new context or phase set after this")
+    p.add_argument("--compile", default="autotuned", choices=("autotuned", "reproducible"),
+                   help="XLA options of every loop: autotuned kernels (generate(reproducible=False)), or "
+                        "generate()'s default reproducible compile (infer.generate.REPRODUCIBLE_OPTIONS)")
     add_round_args(p)
     args = p.parse_args(argv)
     if args.batch < 1:

@@ -24,10 +24,10 @@ from longspec_jax.kv_cache import KVCache, TreeKV, commit
 from longspec_jax.tree import Tree, TreeSpec, grow_tree, start_tree
 
 
-def loop_time(step, carry, consts, reps: int):
-    """Seconds per ``carry = step(carry, *consts)`` in the in-loop timing (one timed call, compiled as the
-    speculative loop is: :data:`infer.speculative.SPECULATIVE_OPTIONS`), and the carry."""
-    t, carry = time_loop(step, carry, consts, reps, options=SPECULATIVE_OPTIONS)
+def loop_time(step, carry, consts, reps: int, options: dict = SPECULATIVE_OPTIONS):
+    """Seconds per ``carry = step(carry, *consts)`` in the in-loop timing (one timed call, compiled with XLA
+    ``options``: by default the speculative loop's, :data:`infer.speculative.SPECULATIVE_OPTIONS`), and the carry."""
+    t, carry = time_loop(step, carry, consts, reps, options=options)
     return t.per_step_s, carry
 
 
@@ -57,10 +57,11 @@ def recompute_settings(settings: SpecSettings, B: int) -> tuple[SpecSettings, Tr
 
 
 def phase_times(settings: SpecSettings, tparams, weights, tokens, lengths, stop, key, reps, start_fn,
-                commit_repeats: int = 3) -> dict:
+                commit_repeats: int = 3, options: dict = SPECULATIVE_OPTIONS) -> dict:
     """Seconds of each phase of one round. The verify and commit phases of both commit schemes are timed in
     turn, ``commit_repeats`` times, and the medians kept (all samples under ``samples``): they differ by a few
-    hundredths of a millisecond."""
+    hundredths of a millisecond. ``options``: XLA options of every phase's compile."""
+    timed = functools.partial(loop_time, options=options)
     spec, ds = settings.tree, settings.draft
     B = tokens.shape[0]
     V = settings.base.config.vocab_size
@@ -74,18 +75,18 @@ def phase_times(settings: SpecSettings, tparams, weights, tokens, lengths, stop,
         return st.replace(ring=ring), logp_BxV
 
     logp0_BxV = jnp.zeros((B, V), jnp.float32)
-    phases["draft_step0"], (state, logp_root_BxV) = loop_time(step0, (state, logp0_BxV), (tparams, weights), reps)
+    phases["draft_step0"], (state, logp_root_BxV) = timed(step0, (state, logp0_BxV), (tparams, weights), reps)
 
     def level1(builder, r, lp):
         # reads the carry so the loop cannot hoist it: a zero that XLA cannot fold away
         return start_tree(spec, ds, r, lp + builder.scores[:, :1] * 1e-30)
 
     builder = start_tree(spec, ds, root_B, logp_root_BxV)
-    phases["tree_level1_topk"], builder = loop_time(level1, builder, (root_B, logp_root_BxV), reps)
+    phases["tree_level1_topk"], builder = timed(level1, builder, (root_B, logp_root_BxV), reps)
     for k in range(1, spec.depth):
         grow = functools.partial(lambda k, b, p, d, c, rg: grow_tree(spec, ds, d, p, c, rg, b, k), k)
         # growing level k again only rewrites level k + 1: the final carry is the grown tree
-        phases[f"tree_level{k + 1}"], builder = loop_time(grow, builder, (tparams, weights, state.cache, state.ring),
+        phases[f"tree_level{k + 1}"], builder = timed(grow, builder, (tparams, weights, state.cache, state.ring),
                                                           reps)
     tree = builder.tree
     cache = state.cache
@@ -96,33 +97,33 @@ def phase_times(settings: SpecSettings, tparams, weights, tokens, lengths, stop,
 
     alt_settings, alt_tree = recompute_settings(settings, B)
     first = verify(settings, tparams, cache, tree)
-    _, (logits_BxNxV, tree_kv) = loop_time(verify_step, first, (tparams, cache, tree), 1)
+    _, (logits_BxNxV, tree_kv) = timed(verify_step, first, (tparams, cache, tree), 1)
     acc = exact_acceptance(tree, logits_BxNxV, key, settings)
 
     def accept_step(acc_carry, t, lg, k):
         return exact_acceptance(t, lg + acc_carry.count_B[:, None, None] * 1e-30, k, settings)
 
-    phases["accept"], acc = loop_time(accept_step, acc, (tree, logits_BxNxV, key), reps)
+    phases["accept"], acc = timed(accept_step, acc, (tree, logits_BxNxV, key), reps)
     inactive_B = jnp.zeros((B,), bool)  # commit without advancing the lengths, so it can repeat
     samples: dict = {k: [] for k in ("verify", "verify_with_recompute", "commit_all_layers", "commit_last_layer")}
     verify_alt = functools.partial(verify_step, s=alt_settings)
     alt = verify(alt_settings, tparams, cache, alt_tree)
     commit_args = (tree_kv, acc.path_BxA, acc.count_B, inactive_B)
     for _ in range(commit_repeats):  # carries are donated: keep the returned ones
-        t, (logits_BxNxV, tree_kv) = loop_time(verify_step, (logits_BxNxV, tree_kv), (tparams, cache, tree), reps)
+        t, (logits_BxNxV, tree_kv) = timed(verify_step, (logits_BxNxV, tree_kv), (tparams, cache, tree), reps)
         samples["verify"].append(t)
-        t, alt = loop_time(verify_alt, alt, (tparams, cache, alt_tree), reps)
+        t, alt = timed(verify_alt, alt, (tparams, cache, alt_tree), reps)
         samples["verify_with_recompute"].append(t)
         commit_args = (tree_kv,) + commit_args[1:]
         for name, fn in (("commit_all_layers", commit), ("commit_last_layer", last_layer_commit)):
-            t, cache = loop_time(fn, cache, commit_args, reps)
+            t, cache = timed(fn, cache, commit_args, reps)
             samples[name].append(t)
     for name, ts in samples.items():
         phases[name] = statistics.median(ts)
     phases["samples"] = samples
     del cache, logits_BxNxV, tree_kv, alt
     state = start_fn(tparams, weights, tokens, lengths, key)
-    phases["full_round"], state = loop_time(lambda st, p, d: spec_round(settings, p, d, stop, st), state,
+    phases["full_round"], state = timed(lambda st, p, d: spec_round(settings, p, d, stop, st), state,
                                             (tparams, weights), reps)
     return phases
 
