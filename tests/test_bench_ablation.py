@@ -135,6 +135,11 @@ def test_unknown_parts_and_phases_are_named_before_anything_loads(capsys):
     assert "--mosaic w: expected {field: value}, got 2" in capsys.readouterr().err
     variants = parse_args(["--out", "unused", "--smoke", "--mosaic", '{"w2": {"num_splits": 6, "compute_wgs": 2}}'])
     assert variants.variants["mosaic_w2"].mosaic == (("compute_wgs", 2), ("num_splits", 6))
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "unused", "--smoke", "--options", '{"nosplit": '])
+    assert "--options: not JSON" in capsys.readouterr().err
+    variants = parse_args(["--out", "unused", "--smoke", "--options", '{"a": {"xla_x": 1}, "b": {}}']).variants
+    assert [(name, v.options) for name, v in variants.items()] == [("default", {}), ("a", {"xla_x": 1}), ("b", {})]
 
 
 def test_mosaic_override_changes_calls_above_two_warpgroups_of_rows_until_it_ends(monkeypatch):

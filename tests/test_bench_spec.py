@@ -60,15 +60,21 @@ def test_bench_spec_smoke(tmp_path):
     ("autotuned", ("REPRODUCIBLE_OPTIONS", "SPECULATIVE_OPTIONS"),
      {"phases_error": "speculative", "oracle_exact_error": "speculative"}),
     ("reproducible", ("SPECULATIVE_OPTIONS",), {"phases_error": "speculative", "random_draft_error": "speculative"}),
+    ("autotuned", ("--xla-options",), {"phases_error": "speculative", "oracle_exact_error": "speculative"}),
 ])
 def test_compile_mode_reaches_every_loop(tmp_path, monkeypatch, compile_mode, bad, failed):
     """``--compile`` compiles the plain loop with generate()'s plain options and the phases and speculative
-    loops with its speculative ones: an option XLA does not know fails exactly the compiles it reaches (a failed
-    plain run skips the rest of its context)."""
+    loops with its speculative ones, plus ``--xla-options``: an option XLA does not know fails exactly the
+    compiles it reaches (a failed plain run skips the rest of its context)."""
+    extra = []
     for name in bad:
-        kind = name.split("_")[0].lower()
-        monkeypatch.setattr(generate_module, name, {f"xla_no_such_{kind}_option": 1})
-    assert bench_spec.main(["--out", str(tmp_path), "--smoke", "--new-tokens", "4", "--compile", compile_mode]) == 0
+        if name == "--xla-options":
+            extra = [name, '{"xla_no_such_speculative_option": 1}']
+        else:
+            kind = name.split("_")[0].lower()
+            monkeypatch.setattr(generate_module, name, {f"xla_no_such_{kind}_option": 1})
+    assert bench_spec.main(["--out", str(tmp_path), "--smoke", "--new-tokens", "4", "--compile", compile_mode]
+                           + extra) == 0
     results = json.loads((tmp_path / "bench_spec.json").read_text())
     assert results["compile"] == compile_mode
     row = results["contexts"]["40"]
@@ -85,6 +91,8 @@ def test_compile_mode_reaches_every_loop(tmp_path, monkeypatch, compile_mode, ba
     (["--draft-sampling", "--temperature", "1", "--e2e-contexts", ""], "--draft-sampling needs --temperature > 0 "
                                                                        "and a chain --tree"),
     (["--draft-sampling", "--tree", "1,1"], "--draft-sampling needs --temperature > 0"),
+    (["--xla-options", "{bad"], "--xla-options: not JSON"),
+    (["--xla-options", "[1]"], "--xla-options: expected a JSON object {...}, got '[1]'"),
 ])
 def test_round_arguments_are_checked(capsys, argv, message):
     with pytest.raises(SystemExit):

@@ -185,6 +185,17 @@ def names_arg(choices, what: str, *, none: bool = False) -> Callable[[str], tupl
     return parse
 
 
+def json_object_arg(text: str) -> dict:
+    """An argparse ``type``: a JSON object, e.g. of XLA options."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object {{...}}, got {text!r}")
+    return value
+
+
 def arg_parser(name: str, doc: str, smoke_help: str) -> argparse.ArgumentParser:
     """The command line of ``python -m infer.bench NAME``, with ``--out`` (for ``bench_NAME.json`` / ``.md``)
     and ``--smoke``."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import json
 import os
 import time
 from typing import NamedTuple
@@ -38,7 +37,7 @@ import numpy as np
 
 from infer.bench.ablation import PARTS, doubling, parse_parts
 from infer.bench.decode import LLAMA3_8B, TINY
-from infer.bench.harness import arg_parser, log, md_header, md_row, names_arg, write_report
+from infer.bench.harness import arg_parser, json_object_arg, log, md_header, md_row, names_arg, write_report
 from infer.bench.mosaic_override import check_fields, mosaic_override
 from infer.bench.random_model import random_target
 from infer.bench.spec import add_round_args, batch_starts, check_round_args, load_pair, stream_length
@@ -258,15 +257,16 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=1,
                    help="sequences per step (rows start BATCH_STRIDE apart, as in spec)")
     p.add_argument("--reps", type=int, default=None, help="steps per profiled call (default 20; --smoke: 2)")
-    p.add_argument("--options", default="{}", help='JSON {variant: {xla option: value}} added to the default, '
-                                                   'e.g. \'{"no_cmd_buffers": {"xla_gpu_enable_command_buffer": ""}}\'')
+    p.add_argument("--options", type=json_object_arg, default="{}",
+                   help='JSON {variant: {xla option: value}} added to the default, '
+                        'e.g. \'{"no_cmd_buffers": {"xla_gpu_enable_command_buffer": ""}}\'')
     p.add_argument("--ablate", type=parse_parts, default=(), metavar="PART,...",
                    help="one more variant per part, computed twice: its marginal cost in the round; parts: "
                         + ", ".join(PARTS))
     p.add_argument("--impls", type=names_arg(IMPLS, "attention impl"), default=(), metavar="IMPL,...",
                    help="one more variant per attention impl, after the default (--attention): e.g. --attention auto "
                         "--impls mosaic,auto times auto, mosaic, auto in one process; impls: " + ", ".join(IMPLS))
-    p.add_argument("--mosaic", default="{}", metavar="JSON",
+    p.add_argument("--mosaic", type=json_object_arg, default="{}", metavar="JSON",
                    help='JSON {variant: {MosaicConfig field: value}}: one more variant each, its Mosaic cache half of '
                         'calls above 128 folded rows with those fields (compute_wgs first, then the split rule), '
                         'e.g. \'{"wgs2": {"compute_wgs": 2}, "s6": {"num_splits": 6}}\'')
@@ -280,12 +280,12 @@ def parse_args(argv=None):
     check_round_args(p, args)
     args.contexts = [int(x) for x in (args.contexts or ("40" if args.smoke else "16384,32768")).split(",") if x]
     args.reps = args.reps or (2 if args.smoke else 20)
-    args.variants = {name: Variant(opts) for name, opts in {"default": {}, **json.loads(args.options)}.items()}
+    args.variants = {name: Variant(opts) for name, opts in {"default": {}, **args.options}.items()}
     args.variants.update({ABLATE_PREFIX + part: Variant({}, (part,)) for part in args.ablate})
     if len(set(args.impls)) < len(args.impls):
         p.error(f"--impls: each impl at most once, got {','.join(args.impls)}")
     args.variants.update({IMPL_PREFIX + impl: Variant({}, impl=impl) for impl in args.impls})
-    for name, fields in json.loads(args.mosaic).items():
+    for name, fields in args.mosaic.items():
         try:
             check_fields(fields)
         except ValueError as e:

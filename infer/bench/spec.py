@@ -20,7 +20,8 @@ top-2 logit gap at the first difference is recorded (the small fixture computes 
 The round is the reference's tree (4,16,16,16,16) at T=0 unless ``--tree`` / ``--temperature`` /
 ``--draft-sampling`` say otherwise; at T > 0 only the phases are timed (the oracles replay greedy output).
 Every loop is compiled with autotuned kernels (``generate(reproducible=False)``), or with ``--compile
-reproducible`` as ``generate()`` compiles by default (:func:`infer.generate.compile_options`).
+reproducible`` as ``generate()`` compiles by default (:func:`infer.generate.compile_options`); ``--xla-options``
+adds XLA options to the speculative compiles.
 Timings: jitted functions, compile excluded, ``block_until_ready``. Generation loops: median over runs. Phases
 (:mod:`infer.bench.spec_phases`): each phase repeated ``--phase-reps`` times inside one jitted ``fori_loop`` from
 the post-prefill state; the phases of the two commit schemes are timed in turn, ``--commit-repeats`` times.
@@ -43,7 +44,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from infer.bench.floors import nbytes, round_floors
-from infer.bench.harness import arg_parser, copy_bandwidth, error_text, log, md_header, md_row, time_runs, write_report
+from infer.bench.harness import (arg_parser, copy_bandwidth, error_text, json_object_arg, log, md_header, md_row,
+                                 time_runs, write_report)
 from infer.bench.near_tie import earliest_parting, float32_reference, partings
 from infer.bench.oracle import oracle_hook, oracle_table
 from infer.bench.spec_inputs import build_padded_pair, dev_prompt_tokens, stable_row_starts
@@ -115,6 +117,7 @@ def run(args) -> dict:
     results: dict = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
                      "jax": jax.__version__, "tree_shape": list(args.tree), "temperature": args.temperature,
                      "draft_sampling": args.draft_sampling, "batch": args.batch, "compile": args.compile,
+                     "xla_options": args.xla_options,
                      "attention": "xla" if args.smoke else args.attention, "contexts": {}}
     t0 = time.perf_counter()
     target, draft, prompt_stream, impl = load_pair(args)
@@ -141,7 +144,8 @@ def run(args) -> dict:
     weights = draft.weights
 
     reproducible = args.compile == "reproducible"
-    plain_options, spec_options = (compile_options(loop, reproducible) for loop in ("plain", "speculative"))
+    plain_options = compile_options("plain", reproducible)
+    spec_options = {**compile_options("speculative", reproducible), **args.xla_options}
     plain_start = jax.jit(lambda p, t, l, k: prefill_and_first_token(p, base, t, l, k),
                           compiler_options=plain_options or None)
     plain_run = jax.jit(lambda p, pr, c, last, k: plain_loop(p, base, stop, pr, c, last, k), donate_argnums=2,
@@ -304,6 +308,9 @@ def main(argv=None) -> int:
     p.add_argument("--compile", default="autotuned", choices=("autotuned", "reproducible"),
                    help="XLA options of every loop: autotuned kernels (generate(reproducible=False)), or "
                         "generate()'s default reproducible compile (infer.generate.REPRODUCIBLE_OPTIONS)")
+    p.add_argument("--xla-options", type=json_object_arg, default={}, metavar="JSON",
+                   help="XLA options added to the speculative loop's and its phases' compile, e.g. "
+                        '\'{"xla_gpu_experimental_force_split_k": 1}\'')
     add_round_args(p)
     args = p.parse_args(argv)
     if args.batch < 1:
