@@ -90,6 +90,11 @@ _top_p = _checked(float, "a number", lambda v: 0 < v <= 1, "in (0, 1]")
 
 def tree_shape_arg(text: str) -> tuple[int, ...]:
     """A tree shape from the command line, ``C0,C1,...`` (argparse type; the benchmarks use it too)."""
+    return positive_ints_arg(text)
+
+
+def positive_ints_arg(text: str) -> tuple[int, ...]:
+    """Comma-separated positive integers (argparse type)."""
     try:
         shape = tuple(int(x) for x in text.split(","))
     except ValueError:

@@ -76,6 +76,13 @@ class SpecSettings:
     draft: DraftSettings
     acceptance: Callable = exact_acceptance  # (tree, target_logits, key, settings) -> Acceptance
     draft_sampling: bool = False
+    # verification runs the tree padded to a multiple of this many nodes (:func:`pad_tree_nodes`); XLA pads the
+    # rows of every cuBLAS GEMM to a multiple of 8 and slices them off again, in every layer (docs/benchmarks.md 7p)
+    verify_node_multiple: int = 1
+
+    def __post_init__(self):
+        if self.verify_node_multiple < 1:
+            raise ValueError(f"verify_node_multiple must be >= 1, got {self.verify_node_multiple}")
 
 
 @struct.dataclass
@@ -89,15 +96,32 @@ class SpecState:
     key: jax.Array
 
 
+def pad_tree_nodes(tokens_BxN, depths_N, mask_BxNxN, multiple: int):
+    """The tree's tokens, depths and mask with padding nodes appended up to a multiple of ``multiple`` nodes:
+    token 0 at depth 0, each seeing only itself, seen by no real node (so no real node's output changes)."""
+    N = tokens_BxN.shape[1]
+    P = -N % multiple
+    if not P:
+        return tokens_BxN, depths_N, mask_BxNxN
+    tokens_BxM = jnp.pad(tokens_BxN, ((0, 0), (0, P)))
+    depths_M = jnp.pad(depths_N, (0, P))
+    mask_BxMxM = jnp.pad(mask_BxNxN, ((0, 0), (0, P), (0, P))).at[:, N:, N:].set(jnp.eye(P, dtype=bool))
+    return tokens_BxM, depths_M, mask_BxMxM
+
+
 def verify(settings: SpecSettings, target_params, cache: KVCache, tree: Tree) -> tuple[jax.Array, TreeKV]:
     """One target forward over the whole tree with hybrid tree attention; returns the target's float32 logits
     after every node ``[B, N, V]`` and the tree's K/V (the cache is not written: :func:`commit` writes the
-    accepted path)."""
-    depths_N = jnp.asarray(settings.tree.node_depths)
-    positions_BxN = cache.lengths[:, None] + depths_N[None]
-    hidden_BxNxd, tree_kv = forward_tree(target_params, settings.base.config, tree.tokens, positions_BxN, cache,
-                                         tree.mask, impl=settings.base.impl)
-    return lm_head_logits(target_params, hidden_BxNxd), tree_kv
+    accepted path). The pass runs on the tree padded to ``settings.verify_node_multiple`` nodes."""
+    N = tree.tokens.shape[1]
+    tokens_BxM, depths_M, mask_BxMxM = pad_tree_nodes(tree.tokens, jnp.asarray(settings.tree.node_depths),
+                                                      tree.mask, settings.verify_node_multiple)
+    positions_BxM = cache.lengths[:, None] + depths_M[None]
+    hidden_BxMxd, tree_kv = forward_tree(target_params, settings.base.config, tokens_BxM, positions_BxM, cache,
+                                         mask_BxMxM, impl=settings.base.impl)
+    if tokens_BxM.shape[1] > N:
+        tree_kv = TreeKV(k=tuple(k[:, :N] for k in tree_kv.k), v=tuple(v[:, :N] for v in tree_kv.v))
+    return lm_head_logits(target_params, hidden_BxMxd)[:, :N], tree_kv
 
 
 def verify_and_commit(settings, target_params, cache: KVCache, tree: Tree, key, active_B,

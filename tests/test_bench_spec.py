@@ -84,6 +84,21 @@ def test_compile_mode_reaches_every_loop(tmp_path, monkeypatch, compile_mode, ba
     assert not any("reproducible_option" in v for k, v in errors.items() if compile_mode == "autotuned")
 
 
+def test_verify_node_multiple_reaches_the_round(tmp_path, monkeypatch):
+    """``--verify-node-multiple 8`` verifies the default tree's 69 nodes as 72, and the output stays lossless."""
+    speculative_module = importlib.import_module("infer.speculative")
+    forward_tree, passes = speculative_module.forward_tree, set()
+    monkeypatch.setattr(speculative_module, "forward_tree",
+                        lambda params, config, tokens, *a, **k: passes.add(tokens.shape[1]) or forward_tree(
+                            params, config, tokens, *a, **k))
+    assert bench_spec.main(["--out", str(tmp_path), "--smoke", "--new-tokens", "4", "--phase-contexts", "",
+                            "--verify-node-multiple", "8"]) == 0
+    results = json.loads((tmp_path / "bench_spec.json").read_text())
+    assert results["verify_node_multiple"] == 8 and passes == {72}
+    row = results["contexts"]["40"]
+    assert all(row[name]["first_mismatch_vs_greedy"] is None for name in bench_spec.DRAFT_KINDS)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--temperature", "1"], '--temperature > 0 times the phases only: pass --e2e-contexts ""'),
     (["--tree", "4,0"], "--tree: expected comma-separated positive integers, got '4,0'"),
@@ -92,6 +107,7 @@ def test_compile_mode_reaches_every_loop(tmp_path, monkeypatch, compile_mode, ba
                                                                        "and a chain --tree"),
     (["--draft-sampling", "--tree", "1,1"], "--draft-sampling needs --temperature > 0"),
     (["--xla-options", "{bad"], "--xla-options: not JSON"),
+    (["--verify-node-multiple", "0"], "--verify-node-multiple must be >= 1, got 0"),
     (["--xla-options", "[1]"], "--xla-options: expected a JSON object {...}, got '[1]'"),
 ])
 def test_round_arguments_are_checked(capsys, argv, message):

@@ -1,6 +1,7 @@
 """The profile reader: HLO instructions mapped to the Python functions that built them, busy time, and a profiled
 in-loop step on the CPU (host op events stand in for GPU kernels); the profile benchmark's smoke run (slow)."""
 
+import importlib
 import json
 
 import jax
@@ -59,7 +60,7 @@ def test_profile_loop_attributes_time(tmp_path):
 
 
 @pytest.mark.slow
-def test_profile_smoke(tmp_path):
+def test_profile_smoke(tmp_path, monkeypatch):
     from infer.bench.profile import main
 
     assert main(["--out", str(tmp_path), "--smoke", "--hlo"]) == 0
@@ -73,6 +74,16 @@ def test_profile_smoke(tmp_path):
     assert "| verify |" in text and "| tree_level2 |" in text and "| tree_level3 |" not in text
     report = json.loads((tmp_path / "random" / "bench_profile.json").read_text())
     assert report["tree_shape"] == [2, 2] and report["temperature"] == 1.0 and report["batch"] == 2
+    speculative_module = importlib.import_module("infer.speculative")
+    forward_tree, passes = speculative_module.forward_tree, []
+    monkeypatch.setattr(speculative_module, "forward_tree",
+                        lambda params, config, tokens, *a, **k: passes.append(tokens.shape[1]) or forward_tree(
+                            params, config, tokens, *a, **k))
+    assert main(["--out", str(tmp_path / "nodes"), "--smoke", "--phases", "verify", "--verify-node-multiples",
+                 "8"]) == 0
+    assert passes[0] == 69 and passes[-1] == 72 and set(passes) == {69, 72}  # default's 69 nodes, then nodes_8's
+    report = json.loads((tmp_path / "nodes" / "bench_profile.json").read_text())
+    assert set(report["contexts"]["40"]) == {"default", "nodes_8"}
 
 
 def test_profile_args_carry_what_the_padded_pair_loader_reads(monkeypatch):

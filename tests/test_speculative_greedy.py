@@ -16,8 +16,16 @@ import itertools
 import numpy as np
 import pytest
 
+import jax
+import jax.numpy as jnp
+
 from infer import generate
-from longspec_jax.sampling import MIN_TEMPERATURE
+from infer.decoding import StopCriteria
+from infer.generate import pad_prompts, plan_speculative, run_speculative
+from infer.speculative import pad_tree_nodes, speculative_start, verify
+from longspec_jax.draft import draft_root
+from longspec_jax.sampling import MIN_TEMPERATURE, SamplingConfig
+from longspec_jax.tree import build_tree
 from tests.spec_helpers import noisy_oracle_draft, oracle_draft, random_draft, tiny_target
 
 
@@ -180,6 +188,50 @@ def greedy_case():
     target = tiny_target(1)
     free = generate(target, PROMPTS, max_new_tokens=MAX_NEW, eos_token_id=[])
     return target, free, oracle_draft(random_draft(2), PROMPTS, free.tokens, wrong_every=4)
+
+
+def test_padding_nodes_see_only_themselves():
+    mask_BxNxN = jnp.asarray(np.tril(np.ones((1, 3, 3), bool)))
+    tokens_BxM, depths_M, mask_BxMxM = pad_tree_nodes(jnp.asarray([[7, 8, 9]]), jnp.asarray([0, 1, 2]), mask_BxNxN, 4)
+    np.testing.assert_array_equal(tokens_BxM, [[7, 8, 9, 0]])
+    np.testing.assert_array_equal(depths_M, [0, 1, 2, 0])
+    np.testing.assert_array_equal(mask_BxMxM[0], [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 1]])
+    assert pad_tree_nodes(tokens_BxM, depths_M, mask_BxMxM, 2)[2] is mask_BxMxM  # already a multiple
+    with pytest.raises(ValueError, match="verify_node_multiple must be >= 1, got 0"):
+        dataclasses.replace(plan_speculative(tiny_target(0), random_draft(0), 4, 4, SamplingConfig(), (2, 2), 512,
+                                             "xla"), verify_node_multiple=0)
+
+
+def test_verification_of_a_padded_tree_is_the_same_pass(greedy_case, monkeypatch):
+    """``verify_node_multiple`` pads the verified tree (10 nodes to 16 here): the real nodes' logits and K/V equal
+    the unpadded pass's, and the output stays plain greedy."""
+    target, free, draft = greedy_case
+    passes = []
+    speculative_module = importlib.import_module("infer.speculative")
+    forward_tree = speculative_module.forward_tree
+    monkeypatch.setattr(speculative_module, "forward_tree",
+                        lambda params, config, tokens, *a, **k: passes.append(tokens.shape[1]) or forward_tree(
+                            params, config, tokens, *a, **k))
+    stop = StopCriteria.make(MAX_NEW, [])
+    settings = plan_speculative(target, draft, max(map(len, PROMPTS)), MAX_NEW, SamplingConfig(),
+                                SCENARIOS["narrow-b3"].tree_shape, 512, "xla")
+    padded = dataclasses.replace(settings, verify_node_multiple=8)
+    tokens, lengths = pad_prompts(PROMPTS, settings.base.prompt_len)
+    state = speculative_start(settings, target.params, draft.weights, tokens, lengths, stop, jax.random.PRNGKey(0))
+    logp_root_BxV, ring = draft_root(settings.draft, draft.weights, target.params, state.cache, state.ring,
+                                     state.pending, state.num_pending)
+    tree = build_tree(settings.tree, settings.draft, draft.weights, target.params, state.cache, ring,
+                      state.pending[:, 0], logp_root_BxV)
+    assert tree.tokens.shape[1] == 10
+    (logits, kv), (padded_logits, padded_kv) = (verify(s, target.params, state.cache, tree) for s in (settings, padded))
+    assert passes == [10, 16]
+    assert padded_logits.shape == logits.shape and padded_kv.k[0].shape == kv.k[0].shape
+    np.testing.assert_allclose(padded_logits, logits, rtol=1e-5, atol=1e-5)
+    for a, b in zip(padded_kv.k + padded_kv.v, kv.k + kv.v):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    out = run_speculative(padded, target, draft, PROMPTS, MAX_NEW, stop, 0)
+    np.testing.assert_array_equal(out.tokens, free.tokens)
+    assert out.mean_accepted > 2
 
 
 def test_rows_stop_independently_at_eos(greedy_case):

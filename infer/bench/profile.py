@@ -16,7 +16,8 @@ buffers off) of every phase, added to those; ``--ablate`` adds one variant per n
 computed twice (:mod:`infer.bench.ablation`): its time over the default's is the part's marginal cost in the
 round; ``--impls`` adds one variant per attention impl, timed after the default (``--attention``) in the same
 process, so ``--attention auto --impls mosaic,auto`` times A, B, A; ``--mosaic`` adds variants of the Mosaic GPU
-cache half's launch shape (:mod:`infer.bench.mosaic_override`). ``--phases`` picks the phases.
+cache half's launch shape (:mod:`infer.bench.mosaic_override`); ``--verify-node-multiples`` adds variants that
+verify the tree padded to a multiple of nodes (``SpecSettings.verify_node_multiple``). ``--phases`` picks the phases.
 
 Wall and idle time include gaps that occur once per profiled call, not per step (e.g. one of 3.2-3.6 ms a call
 in verification and the round under ``xla_gpu_experimental_force_split_k``, docs/benchmarks.md 7p): with few
@@ -25,6 +26,7 @@ in verification and the round under ``xla_gpu_experimental_force_split_k``, docs
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import os
@@ -45,6 +47,7 @@ from infer.bench.spec_phases import after
 from infer.bench.trace import profile_loop
 from infer.decoding import StopCriteria
 from infer.generate import pad_prompts, plan_speculative
+from infer.main import positive_ints_arg
 from infer.plain import decode_step
 from infer.speculative import SPECULATIVE_OPTIONS, spec_round, speculative_start, verify
 from longspec_jax.attention import IMPLS
@@ -56,15 +59,18 @@ from longspec_jax.tree import grow_tree, start_tree
 ABLATE_PREFIX = "x2_"  # variant name of a doubled part
 IMPL_PREFIX = "impl_"  # variant name of another attention impl
 MOSAIC_PREFIX = "mosaic_"  # variant name of another Mosaic launch shape
+NODES_PREFIX = "nodes_"  # variant name of verification on a tree padded to a multiple of nodes
 
 
 class Variant(NamedTuple):
     """XLA compiler options of every phase's compile, the parts computed twice (:mod:`infer.bench.ablation`), the
-    attention impl (None: the pair's) and Mosaic launch-shape fields (:func:`mosaic_override`)."""
+    attention impl (None: the pair's), Mosaic launch-shape fields (:func:`mosaic_override`) and the round's
+    ``SpecSettings.verify_node_multiple``."""
     options: dict
     doubled: tuple = ()
     impl: str | None = None
     mosaic: tuple = ()
+    verify_node_multiple: int = 1
 
 
 def level_phase(k: int) -> str:
@@ -114,7 +120,7 @@ def profile_context(plan, stop, tparams, weights, tokens, lengths, reps: int, va
     ``hlo_dir``: each phase's compiled module is written there too, as ``VARIANT_PHASE.hlo.txt``."""
     out = {} if out is None else out
     for variant, how in variants.items():
-        settings = plan(how.impl)
+        settings = dataclasses.replace(plan(how.impl), verify_node_multiple=how.verify_node_multiple)
         start = jax.jit(lambda p, d, t, l, k: speculative_start(settings, p, d, t, l, stop, k))  # noqa: B023
         fresh_state = functools.partial(start, tparams, weights, tokens, lengths, jax.random.PRNGKey(0))
         with doubling(how.doubled), mosaic_override(dict(how.mosaic)):  # the phases are traced afresh inside
@@ -270,6 +276,9 @@ def parse_args(argv=None):
                    help='JSON {variant: {MosaicConfig field: value}}: one more variant each, its Mosaic cache half of '
                         'calls above 128 folded rows with those fields (compute_wgs first, then the split rule), '
                         'e.g. \'{"wgs2": {"compute_wgs": 2}, "s6": {"num_splits": 6}}\'')
+    p.add_argument("--verify-node-multiples", type=positive_ints_arg, default=(), metavar="M,...",
+                   help="one more variant per M: verification on the tree padded to a multiple of M nodes "
+                        "(SpecSettings.verify_node_multiple), e.g. 8, the row multiple of XLA's cuBLAS GEMMs")
     p.add_argument("--phases", default=None, metavar="PHASE,...",
                    help="phases to profile (default all: plain, draft_step0, tree_levelK, verify, round)")
     p.add_argument("--hlo", action="store_true",
@@ -291,6 +300,8 @@ def parse_args(argv=None):
         except ValueError as e:
             p.error(f"--mosaic {name}: {e}")
         args.variants[MOSAIC_PREFIX + name] = Variant({}, mosaic=tuple(sorted(fields.items())))
+    args.variants.update({f"{NODES_PREFIX}{m}": Variant({}, verify_node_multiple=m)
+                          for m in args.verify_node_multiples})
     args.phases = tuple(args.phases.split(",")) if args.phases else None
     known = phase_names(len(args.tree))
     unknown = sorted(set(args.phases or ()) - set(known))

@@ -117,7 +117,7 @@ def run(args) -> dict:
     results: dict = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
                      "jax": jax.__version__, "tree_shape": list(args.tree), "temperature": args.temperature,
                      "draft_sampling": args.draft_sampling, "batch": args.batch, "compile": args.compile,
-                     "xla_options": args.xla_options,
+                     "xla_options": args.xla_options, "verify_node_multiple": args.verify_node_multiple,
                      "attention": "xla" if args.smoke else args.attention, "contexts": {}}
     t0 = time.perf_counter()
     target, draft, prompt_stream, impl = load_pair(args)
@@ -136,8 +136,9 @@ def run(args) -> dict:
 
     N_new = args.new_tokens
     # One settings object (capacity and padded prompt for the longest context) serves every context: one compile.
-    settings = plan_speculative(target, draft, max(args.contexts), N_new, SamplingConfig(args.temperature), args.tree,
-                                512, impl, args.draft_sampling)
+    settings = dataclasses.replace(
+        plan_speculative(target, draft, max(args.contexts), N_new, SamplingConfig(args.temperature), args.tree, 512,
+                         impl, args.draft_sampling), verify_node_multiple=args.verify_node_multiple)
     base = settings.base
     stop = StopCriteria.make(N_new, [])
     key = jax.random.PRNGKey(0)
@@ -308,6 +309,8 @@ def main(argv=None) -> int:
     p.add_argument("--compile", default="autotuned", choices=("autotuned", "reproducible"),
                    help="XLA options of every loop: autotuned kernels (generate(reproducible=False)), or "
                         "generate()'s default reproducible compile (infer.generate.REPRODUCIBLE_OPTIONS)")
+    p.add_argument("--verify-node-multiple", type=int, default=1, metavar="M",
+                   help="verify the tree padded to a multiple of M nodes (SpecSettings.verify_node_multiple)")
     p.add_argument("--xla-options", type=json_object_arg, default={}, metavar="JSON",
                    help="XLA options added to the speculative loop's and its phases' compile, e.g. "
                         '\'{"xla_gpu_experimental_force_split_k": 1}\'')
@@ -315,6 +318,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.batch < 1:
         p.error(f"--batch must be >= 1, got {args.batch}")
+    if args.verify_node_multiple < 1:
+        p.error(f"--verify-node-multiple must be >= 1, got {args.verify_node_multiple}")
     for key, value in (SMOKE if args.smoke else DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
