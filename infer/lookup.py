@@ -49,6 +49,7 @@ class LookupSettings:
     tree: TreeSpec        # the chain (1,) * num_tokens
     lookup: PromptLookup
     history_len: int      # slots for prompt + output + one round's overshoot
+    verify_node_multiple: int = 1  # as SpecSettings' (infer.speculative.verify reads it)
 
 
 @struct.dataclass
