@@ -52,7 +52,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from infer.bench.drafts import repeat_4gram_share
-from infer.bench.harness import arg_parser, log, median_call, record_failure, write_report
+from infer.bench.harness import arg_parser, json_object_arg, log, median_call, record_failure, write_report
 from infer.bench.near_tie import float32_reference, partings
 from infer.bench.spec_inputs import load_target_and_drafts, with_rope_parameters
 from infer.bench.task_data import (Sample, bucket_bounds, bucket_name, load_longbench, load_reasoning,
@@ -275,17 +275,6 @@ def run(args) -> dict:
     return results
 
 
-def json_object(text: str) -> dict:
-    """A command-line JSON object (argparse type)."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON ({e}): {text!r}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"a JSON object is needed, got {text!r}")
-    return value
-
-
 def main(argv=None) -> int:
     p = arg_parser("tasks", __doc__, "tiny random pair and synthetic samples on the CPU")
     p.add_argument("--target", help="HF directory of the target")
@@ -311,7 +300,7 @@ def main(argv=None) -> int:
     p.add_argument("--pad-script", help="pad_model.py: run on the target and drafts padded to 8B-like cost")
     p.add_argument("--work", default="/tmp/bench_tasks_padded",
                    help="where the padded pair and the --rope-parameters copies are written")
-    p.add_argument("--rope-parameters", type=json_object, help="JSON merged into the RoPE parameters of the "
+    p.add_argument("--rope-parameters", type=json_object_arg, help="JSON merged into the RoPE parameters of the "
                    "target's and drafts' config.json, e.g. llama3-style scaling to run a target past its trained "
                    "context (copies in --work)")
     p.add_argument("--reference32", help="HF directory of the target's function for the float32 near-tie check "
