@@ -41,7 +41,9 @@ def test_summary_tables_idle_time_by_source():
     events = [dict(name="k", hlo_op="mm", start=0.0, dur=1e3), dict(name="k", hlo_op="add", start=3e3, dur=1e3),
               dict(name="k", hlo_op="mm", start=4e3, dur=1e3)]
     summary = trace.summarize(events, {"mm": "f.py:matmul", "add": "f.py:residual"}, reps=1, wall_s=6e-6)
-    assert summary["idle_us"] == 2.0 and summary["busy_us"] == 3.0
+    assert summary["idle_us"] == 2.0 and summary["busy_us"] == 3.0 and summary["longest_gap_us"] == 2.0
+    twice = trace.summarize(events + [dict(name="k", hlo_op="mm", start=9e3, dur=1e3)], {}, reps=2, wall_s=1e-5)
+    assert twice["idle_us"] == 3.0 and twice["longest_gap_us"] == 4.0  # per step / the call's longest
     assert summary["idle_before"] == [dict(what="f.py:residual", us=2.0, launches=1)]
     assert summary["idle_before_kernel"] == [dict(what="k", us=2.0, launches=1)]
 

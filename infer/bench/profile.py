@@ -21,7 +21,8 @@ verify the tree padded to a multiple of nodes (``SpecSettings.verify_node_multip
 
 Wall and idle time include gaps that occur once per profiled call, not per step (e.g. one of 3.2-3.6 ms a call
 in verification and the round under ``xla_gpu_experimental_force_split_k``, docs/benchmarks.md 7p): with few
-``--reps`` compare busy time, and read ``idle_before_kernel``'s launch counts (1 / reps marks such a gap).
+``--reps`` compare busy time, and read the call's longest gap and ``idle_before_kernel``'s launch counts (1 / reps
+marks such a gap).
 """
 
 from __future__ import annotations
@@ -169,8 +170,8 @@ def _profile_variant(variant, opts, fresh_state, settings, stop, tparams, weight
         if name in ("plain", "round", "draft_step0"):  # the carry held the (donated) cache
             state = fresh_state()
         r = rows[name]
-        log(f"{variant} {name}: wall {r['wall_us']:.1f} us/step, busy {r['busy_us']:.1f}, idle {r['idle_us']:.1f}, "
-            f"kernels {r['kernel_sum_us']:.1f} in {r['launches']:.0f} launches ({time.perf_counter() - t0:.0f} s)")
+        log(f"{variant} {name}: wall {r['wall_us']:.1f} us/step, busy {r['busy_us']:.1f}, idle {r['idle_us']:.1f} "
+            f"(longest gap {r['longest_gap_us']:.0f} a call), kernels {r['kernel_sum_us']:.1f} in {r['launches']:.0f} launches ({time.perf_counter() - t0:.0f} s)")
     return rows
 
 
@@ -235,10 +236,11 @@ def markdown(results: dict, top: int = 12) -> str:
             lines += [f"\n## {ctx} tokens: ablation"] + ablation
         for variant, rows in variants.items():
             lines.append(f"\n## {ctx} tokens, {variant}\n")
-            lines += md_header(["phase", "wall us", "GPU busy us", "GPU idle us", "kernel sum us", "launches",
-                                "temp MiB"])
+            lines += md_header(["phase", "wall us", "GPU busy us", "GPU idle us", "longest gap us (a call)",
+                                "kernel sum us", "launches", "temp MiB"])
             lines += [md_row([n, f"{r['wall_us']:.1f}", f"{r['busy_us']:.1f}", f"{r['idle_us']:.1f}",
-                              f"{r['kernel_sum_us']:.1f}", f"{r['launches']:.0f}", _mib(r.get("temp_mib"))])
+                              f"{r['longest_gap_us']:.1f}", f"{r['kernel_sum_us']:.1f}", f"{r['launches']:.0f}",
+                              _mib(r.get("temp_mib"))])
                       for n, r in rows.items() if "error" not in r]
             for name, r in rows.items():
                 if "error" in r:

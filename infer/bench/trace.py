@@ -120,7 +120,9 @@ def busy_ns(events: list[dict]) -> float:
 
 
 def summarize(events: list[dict], sources: dict[str, str], reps: int, wall_s: float, top: int = 25) -> dict:
-    """Per-step numbers and the time tables (microseconds per step)."""
+    """Per-step numbers and the time tables (microseconds per step); ``longest_gap_us``: the longest idle gap of
+    the call, not per step (one far longer than a step is a once-a-call gap, which the per-step idle spreads over
+    the steps)."""
     by_source: dict = collections.defaultdict(lambda: [0.0, 0])
     by_kernel: dict = collections.defaultdict(lambda: [0.0, 0])
     idle_source: dict = collections.defaultdict(lambda: [0.0, 0])
@@ -134,7 +136,8 @@ def summarize(events: list[dict], sources: dict[str, str], reps: int, wall_s: fl
 
     for ev in events:
         add(ev, ev["dur"], by_source, by_kernel)
-    for ev, ns in idle_gaps(events):  # inside a command buffer every kernel's hlo_op is the buffer's: the name tells
+    gaps = idle_gaps(events)
+    for ev, ns in gaps:  # inside a command buffer every kernel's hlo_op is the buffer's: the name tells
         add(ev, ns, idle_source, idle_kernel)
 
     def rows(table):
@@ -143,7 +146,8 @@ def summarize(events: list[dict], sources: dict[str, str], reps: int, wall_s: fl
 
     return dict(reps=reps, wall_us=wall_s / reps * 1e6, kernel_sum_us=sum(e["dur"] for e in events) / reps / 1e3,
                 busy_us=busy_ns(events) / reps / 1e3, launches=len(events) / reps,
-                idle_us=sum(v[0] for v in idle_source.values()) / reps / 1e3, by_source=rows(by_source),
+                idle_us=sum(v[0] for v in idle_source.values()) / reps / 1e3,
+                longest_gap_us=max((ns for _, ns in gaps), default=0.0) / 1e3, by_source=rows(by_source),
                 by_kernel=rows(by_kernel), idle_before=rows(idle_source), idle_before_kernel=rows(idle_kernel))
 
 
