@@ -8,6 +8,7 @@ import json
 import pytest
 
 from infer.bench import spec as bench_spec
+from tests.spec_helpers import record_tree_passes
 
 generate_module = importlib.import_module("infer.generate")
 
@@ -86,15 +87,11 @@ def test_compile_mode_reaches_every_loop(tmp_path, monkeypatch, compile_mode, ba
 
 def test_verify_node_multiple_reaches_the_round(tmp_path, monkeypatch):
     """``--verify-node-multiple 8`` verifies the default tree's 69 nodes as 72, and the output stays lossless."""
-    speculative_module = importlib.import_module("infer.speculative")
-    forward_tree, passes = speculative_module.forward_tree, set()
-    monkeypatch.setattr(speculative_module, "forward_tree",
-                        lambda params, config, tokens, *a, **k: passes.add(tokens.shape[1]) or forward_tree(
-                            params, config, tokens, *a, **k))
+    passes = record_tree_passes(monkeypatch)
     assert bench_spec.main(["--out", str(tmp_path), "--smoke", "--new-tokens", "4", "--phase-contexts", "",
                             "--verify-node-multiple", "8"]) == 0
     results = json.loads((tmp_path / "bench_spec.json").read_text())
-    assert results["verify_node_multiple"] == 8 and passes == {72}
+    assert results["verify_node_multiple"] == 8 and set(passes) == {72}
     row = results["contexts"]["40"]
     assert all(row[name]["first_mismatch_vs_greedy"] is None for name in bench_spec.DRAFT_KINDS)
 

@@ -1,7 +1,6 @@
 """The profile reader: HLO instructions mapped to the Python functions that built them, busy time, and a profiled
 in-loop step on the CPU (host op events stand in for GPU kernels); the profile benchmark's smoke run (slow)."""
 
-import importlib
 import json
 
 import jax
@@ -9,6 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 from infer.bench import trace
+from tests.spec_helpers import record_tree_passes
 
 
 def _inner_matmul(x):
@@ -76,11 +76,7 @@ def test_profile_smoke(tmp_path, monkeypatch):
     assert "| verify |" in text and "| tree_level2 |" in text and "| tree_level3 |" not in text
     report = json.loads((tmp_path / "random" / "bench_profile.json").read_text())
     assert report["tree_shape"] == [2, 2] and report["temperature"] == 1.0 and report["batch"] == 2
-    speculative_module = importlib.import_module("infer.speculative")
-    forward_tree, passes = speculative_module.forward_tree, []
-    monkeypatch.setattr(speculative_module, "forward_tree",
-                        lambda params, config, tokens, *a, **k: passes.append(tokens.shape[1]) or forward_tree(
-                            params, config, tokens, *a, **k))
+    passes = record_tree_passes(monkeypatch)
     assert main(["--out", str(tmp_path / "nodes"), "--smoke", "--phases", "verify", "--verify-node-multiples",
                  "8"]) == 0
     assert passes[0] == 69 and passes[-1] == 72 and set(passes) == {69, 72}  # default's 69 nodes, then nodes_8's

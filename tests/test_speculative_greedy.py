@@ -26,7 +26,7 @@ from infer.speculative import pad_tree_nodes, speculative_start, verify
 from longspec_jax.draft import draft_root
 from longspec_jax.sampling import MIN_TEMPERATURE, SamplingConfig
 from longspec_jax.tree import build_tree
-from tests.spec_helpers import noisy_oracle_draft, oracle_draft, random_draft, tiny_target
+from tests.spec_helpers import noisy_oracle_draft, oracle_draft, random_draft, record_tree_passes, tiny_target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,12 +206,7 @@ def test_verification_of_a_padded_tree_is_the_same_pass(greedy_case, monkeypatch
     """``verify_node_multiple`` pads the verified tree (10 nodes to 16 here): the real nodes' logits and K/V equal
     the unpadded pass's, and the output stays plain greedy."""
     target, free, draft = greedy_case
-    passes = []
-    speculative_module = importlib.import_module("infer.speculative")
-    forward_tree = speculative_module.forward_tree
-    monkeypatch.setattr(speculative_module, "forward_tree",
-                        lambda params, config, tokens, *a, **k: passes.append(tokens.shape[1]) or forward_tree(
-                            params, config, tokens, *a, **k))
+    passes = record_tree_passes(monkeypatch)
     stop = StopCriteria.make(MAX_NEW, [])
     settings = plan_speculative(target, draft, max(map(len, PROMPTS)), MAX_NEW, SamplingConfig(),
                                 SCENARIOS["narrow-b3"].tree_shape, 512, "xla")

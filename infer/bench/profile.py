@@ -171,7 +171,8 @@ def _profile_variant(variant, opts, fresh_state, settings, stop, tparams, weight
             state = fresh_state()
         r = rows[name]
         log(f"{variant} {name}: wall {r['wall_us']:.1f} us/step, busy {r['busy_us']:.1f}, idle {r['idle_us']:.1f} "
-            f"(longest gap {r['longest_gap_us']:.0f} a call), kernels {r['kernel_sum_us']:.1f} in {r['launches']:.0f} launches ({time.perf_counter() - t0:.0f} s)")
+            f"(longest gap {r['longest_gap_us']:.0f} a call), kernels {r['kernel_sum_us']:.1f} in "
+            f"{r['launches']:.0f} launches ({time.perf_counter() - t0:.0f} s)")
     return rows
 
 

@@ -87,7 +87,7 @@ def phase_times(settings: SpecSettings, tparams, weights, tokens, lengths, stop,
         grow = functools.partial(lambda k, b, p, d, c, rg: grow_tree(spec, ds, d, p, c, rg, b, k), k)
         # growing level k again only rewrites level k + 1: the final carry is the grown tree
         phases[f"tree_level{k + 1}"], builder = timed(grow, builder, (tparams, weights, state.cache, state.ring),
-                                                          reps)
+                                                      reps)
     tree = builder.tree
     cache = state.cache
     del state

@@ -146,7 +146,7 @@ def summarize(events: list[dict], sources: dict[str, str], reps: int, wall_s: fl
 
     return dict(reps=reps, wall_us=wall_s / reps * 1e6, kernel_sum_us=sum(e["dur"] for e in events) / reps / 1e3,
                 busy_us=busy_ns(events) / reps / 1e3, launches=len(events) / reps,
-                idle_us=sum(v[0] for v in idle_source.values()) / reps / 1e3,
+                idle_us=sum(ns for _, ns in gaps) / reps / 1e3,
                 longest_gap_us=max((ns for _, ns in gaps), default=0.0) / 1e3, by_source=rows(by_source),
                 by_kernel=rows(by_kernel), idle_before=rows(idle_source), idle_before_kernel=rows(idle_kernel))
 
