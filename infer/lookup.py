@@ -19,7 +19,7 @@ import numpy as np
 from flax import struct
 
 from infer.decoding import DecodeSettings, Progress, StopCriteria, prefill_and_first_token
-from infer.speculative import tally_accepted, verify_and_commit
+from infer.speculative import VERIFY_NODE_MULTIPLE, tally_accepted, verify_and_commit
 from longspec_jax.kv_cache import KVCache
 from longspec_jax.tree import Tree, TreeSpec
 
@@ -49,7 +49,7 @@ class LookupSettings:
     tree: TreeSpec        # the chain (1,) * num_tokens
     lookup: PromptLookup
     history_len: int      # slots for prompt + output + one round's overshoot
-    verify_node_multiple: int = 1  # as SpecSettings' (infer.speculative.verify reads it)
+    verify_node_multiple: int = VERIFY_NODE_MULTIPLE  # as SpecSettings' (infer.speculative.verify reads it)
 
 
 @struct.dataclass

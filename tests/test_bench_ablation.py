@@ -140,8 +140,8 @@ def test_unknown_parts_and_phases_are_named_before_anything_loads(capsys):
     assert "--options: not JSON" in capsys.readouterr().err
     variants = parse_args(["--out", "unused", "--smoke", "--options", '{"a": {"xla_x": 1}, "b": {}}']).variants
     assert [(name, v.options) for name, v in variants.items()] == [("default", {}), ("a", {"xla_x": 1}), ("b", {})]
-    variants = parse_args(["--out", "unused", "--smoke", "--verify-node-multiples", "8,16"]).variants
-    assert [(name, v.verify_node_multiple) for name, v in variants.items()] == [("default", 1), ("nodes_8", 8),
+    variants = parse_args(["--out", "unused", "--smoke", "--verify-node-multiples", "1,16"]).variants
+    assert [(name, v.verify_node_multiple) for name, v in variants.items()] == [("default", 8), ("nodes_1", 1),
                                                                                 ("nodes_16", 16)]
     with pytest.raises(SystemExit):
         parse_args(["--out", "unused", "--smoke", "--verify-node-multiples", "0"])

@@ -86,12 +86,13 @@ def test_compile_mode_reaches_every_loop(tmp_path, monkeypatch, compile_mode, ba
 
 
 def test_verify_node_multiple_reaches_the_round(tmp_path, monkeypatch):
-    """``--verify-node-multiple 8`` verifies the default tree's 69 nodes as 72, and the output stays lossless."""
+    """``--verify-node-multiple 1`` verifies the default tree's 69 nodes as they are (the default pads them to 72),
+    and the output stays lossless."""
     passes = record_tree_passes(monkeypatch)
     assert bench_spec.main(["--out", str(tmp_path), "--smoke", "--new-tokens", "4", "--phase-contexts", "",
-                            "--verify-node-multiple", "8"]) == 0
+                            "--verify-node-multiple", "1"]) == 0
     results = json.loads((tmp_path / "bench_spec.json").read_text())
-    assert results["verify_node_multiple"] == 8 and set(passes) == {72}
+    assert results["verify_node_multiple"] == 1 and set(passes) == {69}
     row = results["contexts"]["40"]
     assert all(row[name]["first_mismatch_vs_greedy"] is None for name in bench_spec.DRAFT_KINDS)
 

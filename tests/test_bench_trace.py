@@ -78,10 +78,10 @@ def test_profile_smoke(tmp_path, monkeypatch):
     assert report["tree_shape"] == [2, 2] and report["temperature"] == 1.0 and report["batch"] == 2
     passes = record_tree_passes(monkeypatch)
     assert main(["--out", str(tmp_path / "nodes"), "--smoke", "--phases", "verify", "--verify-node-multiples",
-                 "8"]) == 0
-    assert passes[0] == 69 and passes[-1] == 72 and set(passes) == {69, 72}  # default's 69 nodes, then nodes_8's
+                 "1"]) == 0
+    assert passes[0] == 72 and passes[-1] == 69 and set(passes) == {69, 72}  # default's 72 nodes, then nodes_1's
     report = json.loads((tmp_path / "nodes" / "bench_profile.json").read_text())
-    assert set(report["contexts"]["40"]) == {"default", "nodes_8"}
+    assert set(report["contexts"]["40"]) == {"default", "nodes_1"}
 
 
 def test_profile_args_carry_what_the_padded_pair_loader_reads(monkeypatch):

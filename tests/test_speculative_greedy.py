@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from infer import generate
 from infer.decoding import StopCriteria
 from infer.generate import pad_prompts, plan_speculative, run_speculative
-from infer.speculative import pad_tree_nodes, speculative_start, verify
+from infer.speculative import VERIFY_NODE_MULTIPLE, pad_tree_nodes, speculative_start, verify
 from longspec_jax.draft import draft_root
 from longspec_jax.sampling import MIN_TEMPERATURE, SamplingConfig
 from longspec_jax.tree import build_tree
@@ -203,14 +203,15 @@ def test_padding_nodes_see_only_themselves():
 
 
 def test_verification_of_a_padded_tree_is_the_same_pass(greedy_case, monkeypatch):
-    """``verify_node_multiple`` pads the verified tree (10 nodes to 16 here): the real nodes' logits and K/V equal
-    the unpadded pass's, and the output stays plain greedy."""
+    """``verify_node_multiple`` (by default 8) pads the verified tree (10 nodes to 16 here): the real nodes' logits
+    and K/V equal the unpadded pass's, and the output stays plain greedy."""
     target, free, draft = greedy_case
     passes = record_tree_passes(monkeypatch)
     stop = StopCriteria.make(MAX_NEW, [])
     settings = plan_speculative(target, draft, max(map(len, PROMPTS)), MAX_NEW, SamplingConfig(),
                                 SCENARIOS["narrow-b3"].tree_shape, 512, "xla")
-    padded = dataclasses.replace(settings, verify_node_multiple=8)
+    assert settings.verify_node_multiple == VERIFY_NODE_MULTIPLE == 8  # the default pads
+    settings, padded = (dataclasses.replace(settings, verify_node_multiple=m) for m in (1, 8))
     tokens, lengths = pad_prompts(PROMPTS, settings.base.prompt_len)
     state = speculative_start(settings, target.params, draft.weights, tokens, lengths, stop, jax.random.PRNGKey(0))
     logp_root_BxV, ring = draft_root(settings.draft, draft.weights, target.params, state.cache, state.ring,

@@ -50,7 +50,7 @@ from infer.decoding import StopCriteria
 from infer.generate import pad_prompts, plan_speculative
 from infer.main import positive_ints_arg
 from infer.plain import decode_step
-from infer.speculative import SPECULATIVE_OPTIONS, spec_round, speculative_start, verify
+from infer.speculative import SPECULATIVE_OPTIONS, VERIFY_NODE_MULTIPLE, spec_round, speculative_start, verify
 from longspec_jax.attention import IMPLS
 from longspec_jax.draft import DraftConfig, draft_root, init_draft
 from longspec_jax.sampling import SamplingConfig
@@ -71,7 +71,7 @@ class Variant(NamedTuple):
     doubled: tuple = ()
     impl: str | None = None
     mosaic: tuple = ()
-    verify_node_multiple: int = 1
+    verify_node_multiple: int = VERIFY_NODE_MULTIPLE
 
 
 def level_phase(k: int) -> str:
@@ -281,7 +281,8 @@ def parse_args(argv=None):
                         'e.g. \'{"wgs2": {"compute_wgs": 2}, "s6": {"num_splits": 6}}\'')
     p.add_argument("--verify-node-multiples", type=positive_ints_arg, default=(), metavar="M,...",
                    help="one more variant per M: verification on the tree padded to a multiple of M nodes "
-                        "(SpecSettings.verify_node_multiple), e.g. 8, the row multiple of XLA's cuBLAS GEMMs")
+                        f"(SpecSettings.verify_node_multiple; the default variant's is {VERIFY_NODE_MULTIPLE}), "
+                        "e.g. 1: unpadded")
     p.add_argument("--phases", default=None, metavar="PHASE,...",
                    help="phases to profile (default all: plain, draft_step0, tree_levelK, verify, round)")
     p.add_argument("--hlo", action="store_true",

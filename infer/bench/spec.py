@@ -54,7 +54,7 @@ from infer.decoding import Progress, StopCriteria, prefill_and_first_token
 from infer.generate import check_draft_sampling, compile_options, pad_prompts, plan_speculative
 from infer.main import temperature_arg, tree_shape_arg
 from infer.plain import plain_loop
-from infer.speculative import SpecSettings, speculative_loop, speculative_start
+from infer.speculative import VERIFY_NODE_MULTIPLE, SpecSettings, speculative_loop, speculative_start
 from longspec_jax.attention import IMPLS
 from longspec_jax.draft import DraftWeights
 from longspec_jax.sampling import SamplingConfig
@@ -309,8 +309,9 @@ def main(argv=None) -> int:
     p.add_argument("--compile", default="autotuned", choices=("autotuned", "reproducible"),
                    help="XLA options of every loop: autotuned kernels (generate(reproducible=False)), or "
                         "generate()'s default reproducible compile (infer.generate.REPRODUCIBLE_OPTIONS)")
-    p.add_argument("--verify-node-multiple", type=int, default=1, metavar="M",
-                   help="verify the tree padded to a multiple of M nodes (SpecSettings.verify_node_multiple)")
+    p.add_argument("--verify-node-multiple", type=int, default=VERIFY_NODE_MULTIPLE, metavar="M",
+                   help="verify the tree padded to a multiple of M nodes (SpecSettings.verify_node_multiple; "
+                        f"default {VERIFY_NODE_MULTIPLE}, 1: unpadded)")
     p.add_argument("--xla-options", type=json_object_arg, default={}, metavar="JSON",
                    help="XLA options added to the speculative loop's and its phases' compile, e.g. "
                         '\'{"xla_gpu_experimental_force_split_k": 1}\'')
