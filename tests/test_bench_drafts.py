@@ -3,12 +3,14 @@ hand-made cases, and a smoke run end to end on the CPU."""
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import numpy as np
 import pytest
 
 from infer.bench import drafts
+from infer.bench.tiny import random_draft, tiny_target
 
 
 def test_prompt_windows_are_seeded_slices_of_long_enough_documents():
@@ -63,3 +65,24 @@ def test_smoke_run(tmp_path):
         assert len(row["b"]["paired_tau_difference"]) == 2 and "paired_tau_difference" not in row["a"]
     md = (tmp_path / "bench_drafts.md").read_text()
     assert "| 40 | 0.0 |" in md and "b - a tau (paired)" in md and "| 2/2 | 2/2 |" in md
+
+
+@pytest.mark.parametrize("compile_mode, bad, failing", [
+    ("reproducible", "REPRODUCIBLE_OPTIONS", {"plain", "speculative"}),
+    ("autotuned", "REPRODUCIBLE_OPTIONS", set()),
+    ("autotuned", "SPECULATIVE_OPTIONS", {"speculative"}),
+])
+def test_runner_compiles_as_generate_does(monkeypatch, compile_mode, bad, failing):
+    """The drafts bench times generate()'s loops: its plain and speculative loops get generate()'s XLA options
+    for ``--compile`` (infer.bench.loops), so an option XLA does not know fails exactly the loops it reaches."""
+    monkeypatch.setattr(importlib.import_module("infer.generate"), bad, {"xla_no_such_option": 1})
+    target, draft = tiny_target(0), random_draft(1)
+    runner = drafts.Runner(target, draft, 12, 4, drafts.SamplingConfig(), (2, 2), "xla", 1, compile_mode)
+    prompt = list(range(3, 15))
+    for loop, run in (("plain", lambda: runner.plain(prompt, 0)),
+                      ("speculative", lambda: runner.speculative(draft.weights, prompt, 0))):
+        if loop in failing:
+            with pytest.raises(Exception, match="xla_no_such_option"):
+                run()
+        else:
+            assert run()["generated"] == 4

@@ -7,7 +7,8 @@ length and temperature, every draft on the same prompts in one run.
 
 Prompts: ``--num-prompts`` windows of each context length at seeded random offsets of the documents of
 ``--prompts`` (a jsonl with a ``text`` field, e.g. the fixture's dev split), batch 1. Times exclude prefill (the
-reference's convention): a generation's post-prefill loop is timed on its own (median of ``--reps``).
+reference's convention): a generation's post-prefill loop is timed on its own (median of ``--reps``), compiled
+as ``generate()`` compiles it (``--compile``: autotuned, i.e. ``reproducible=False``, or the default reproducible).
 tau = tokens generated / (rounds + 1) and tokens/s are summed over the prompts. At T = 0 each speculative output
 is compared with the plain one (first divergence; bf16 paths may part at near-ties, architecture.md section 7).
 ``repeat_4gram_share``: the share of the plain output's 4-grams already seen earlier in prompt or output (greedy
@@ -25,13 +26,12 @@ import numpy as np
 
 from infer.bench.floors import nbytes
 from infer.bench.harness import log, md_header, md_row, time_runs, write_report
+from infer.bench.loops import add_compile_arg, plain_fns, speculative_fns
 from infer.bench.near_tie import float32_reference, lossless_cell, partings
 from infer.bench.spec_inputs import load_target_and_drafts
-from infer.decoding import Progress, StopCriteria, prefill_and_first_token
+from infer.decoding import Progress, StopCriteria
 from infer.generate import pad_prompts, plan_speculative
 from infer.main import tree_shape_arg
-from infer.plain import plain_loop
-from infer.speculative import speculative_loop, speculative_start
 from longspec_jax.sampling import SamplingConfig
 
 
@@ -64,18 +64,14 @@ def repeat_4gram_share(prompt, output) -> float:
 
 class Runner:
     """Compiled plain and speculative generation loops for one (target, draft settings, sampling), timed from
-    their post-prefill state."""
+    their post-prefill state; ``compile_mode`` as :mod:`infer.bench.loops`'."""
 
     def __init__(self, target, draft, longest: int, new_tokens: int, sampling: SamplingConfig, tree, impl: str,
-                 reps: int):
+                 reps: int, compile_mode: str):
         self.settings = plan_speculative(target, draft, longest, new_tokens, sampling, tree, 512, impl)
-        base, self.stop, self.reps, self.params = self.settings.base, StopCriteria.make(new_tokens, []), reps, target.params
-        self.plain_start = jax.jit(lambda p, t, l, k: prefill_and_first_token(p, base, t, l, k))
-        self.plain_run = jax.jit(lambda p, pr, c, last, k: plain_loop(p, base, self.stop, pr, c, last, k),
-                                 donate_argnums=2)
-        s, self._warm = self.settings, set()
-        self.spec_start = jax.jit(lambda p, d, t, l, k: speculative_start(s, p, d, t, l, self.stop, k))
-        self.spec_run = jax.jit(lambda p, d, st: speculative_loop(s, p, d, self.stop, st), donate_argnums=2)
+        self.stop, self.reps, self.params, self._warm = StopCriteria.make(new_tokens, []), reps, target.params, set()
+        self.plain_start, self.plain_run = plain_fns(self.settings.base, self.stop, compile_mode)
+        self.spec_start, self.spec_run = speculative_fns(self.settings, self.stop, compile_mode)
 
     def _inputs(self, prompt, seed: int):
         tokens, lengths = pad_prompts([np.asarray(prompt, np.int32)], self.settings.base.prompt_len)
@@ -143,7 +139,8 @@ def summarize(plain_runs: list[dict], spec_runs: list[dict] | None = None) -> di
 
 def run(args) -> dict:
     results = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
-               "jax": jax.__version__, "tree_shape": list(args.tree), "new_tokens": args.new_tokens, "rows": []}
+               "jax": jax.__version__, "tree_shape": list(args.tree), "new_tokens": args.new_tokens, "compile": args.compile,
+               "rows": []}
     if args.smoke:
         from infer.bench.tiny import random_draft, tiny_target
         target = tiny_target(0)
@@ -164,7 +161,7 @@ def run(args) -> dict:
     for temperature in args.temperatures:
         sampling = SamplingConfig(temperature=temperature)
         runner = Runner(target, next(iter(drafts.values())), max(args.contexts), args.new_tokens, sampling,
-                        args.tree, impl, args.reps)
+                        args.tree, impl, args.reps, args.compile)
         for context in args.contexts:
             prompts = prompt_windows(docs, context, args.num_prompts, args.seed)
             plain = [runner.plain(p, args.seed + i) for i, p in enumerate(prompts)]
@@ -229,6 +226,7 @@ def main(argv=None) -> int:
     p.add_argument("--pad-script", help="pad target and drafts to 8B cost with this pad_model.py first")
     p.add_argument("--work", default="/tmp/longspec_drafts", help="where padded models are written (reused)")
     p.add_argument("--smoke", action="store_true", help="tiny random target and drafts on the CPU")
+    add_compile_arg(p)
     args = p.parse_args(argv)
     args.temperatures = [float(x) for x in args.temperatures.split(",")]
     if args.smoke:

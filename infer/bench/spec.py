@@ -46,15 +46,15 @@ import numpy as np
 from infer.bench.floors import nbytes, round_floors
 from infer.bench.harness import (arg_parser, copy_bandwidth, error_text, json_object_arg, log, md_header, md_row,
                                  time_runs, write_report)
+from infer.bench.loops import add_compile_arg, plain_fns, speculative_fns
 from infer.bench.near_tie import earliest_parting, float32_reference, partings
 from infer.bench.oracle import oracle_hook, oracle_table
 from infer.bench.spec_inputs import build_padded_pair, dev_prompt_tokens, stable_row_starts
 from infer.bench.spec_phases import draft_state_bytes, phase_times
-from infer.decoding import Progress, StopCriteria, prefill_and_first_token
+from infer.decoding import Progress, StopCriteria
 from infer.generate import check_draft_sampling, compile_options, pad_prompts, plan_speculative
 from infer.main import temperature_arg, tree_shape_arg
-from infer.plain import plain_loop
-from infer.speculative import VERIFY_NODE_MULTIPLE, SpecSettings, speculative_loop, speculative_start
+from infer.speculative import VERIFY_NODE_MULTIPLE
 from longspec_jax.attention import IMPLS
 from longspec_jax.draft import DraftWeights
 from longspec_jax.sampling import SamplingConfig
@@ -144,24 +144,12 @@ def run(args) -> dict:
     key = jax.random.PRNGKey(0)
     weights = draft.weights
 
-    reproducible = args.compile == "reproducible"
-    plain_options = compile_options("plain", reproducible)
-    spec_options = {**compile_options("speculative", reproducible), **args.xla_options}
-    plain_start = jax.jit(lambda p, t, l, k: prefill_and_first_token(p, base, t, l, k),
-                          compiler_options=plain_options or None)
-    plain_run = jax.jit(lambda p, pr, c, last, k: plain_loop(p, base, stop, pr, c, last, k), donate_argnums=2,
-                        compiler_options=plain_options or None)
-
-    def spec_fns(s: SpecSettings):
-        start = jax.jit(lambda p, d, t, l, k: speculative_start(s, p, d, t, l, stop, k),
-                        compiler_options=spec_options)
-        loop = jax.jit(lambda p, d, st: speculative_loop(s, p, d, stop, st), donate_argnums=2,
-                       compiler_options=spec_options)
-        return start, loop
-
-    real_fns = spec_fns(settings)
-    oracle_fns = spec_fns(dataclasses.replace(settings, draft=dataclasses.replace(settings.draft,
-                                                                                  logits_hook=oracle_hook)))
+    spec_options = {**compile_options("speculative", args.compile == "reproducible"), **args.xla_options}
+    plain_start, plain_run = plain_fns(base, stop, args.compile)
+    real_fns = speculative_fns(settings, stop, args.compile, args.xla_options)
+    oracle_fns = speculative_fns(dataclasses.replace(settings, draft=dataclasses.replace(settings.draft,
+                                                                                         logits_hook=oracle_hook)),
+                                 stop, args.compile, args.xla_options)
 
     for ctx in args.contexts:
         if time.perf_counter() - t0 > args.budget_s:
@@ -306,9 +294,7 @@ def main(argv=None) -> int:
                    help="times the verify / commit phases of both commit schemes are timed, in turn")
     p.add_argument("--batch", type=int, default=1, help="sequences per generate call (rows start BATCH_STRIDE apart)")
     p.add_argument("--budget-s", type=float, default=1e9, help="start no new context or phase set after this")
-    p.add_argument("--compile", default="autotuned", choices=("autotuned", "reproducible"),
-                   help="XLA options of every loop: autotuned kernels (generate(reproducible=False)), or "
-                        "generate()'s default reproducible compile (infer.generate.REPRODUCIBLE_OPTIONS)")
+    add_compile_arg(p)
     p.add_argument("--verify-node-multiple", type=int, default=VERIFY_NODE_MULTIPLE, metavar="M",
                    help="verify the tree padded to a multiple of M nodes (SpecSettings.verify_node_multiple; "
                         f"default {VERIFY_NODE_MULTIPLE}, 1: unpadded)")
