@@ -30,10 +30,13 @@ def test_markdown_rows():
 @pytest.mark.slow
 def test_bench_shard_smoke(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    proc = subprocess.run([sys.executable, "-m", "infer.bench", "shard", "--smoke", "--out", str(tmp_path)],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "infer.bench", "shard", "--smoke", "--out", str(tmp_path),
+                           "--compile", "reproducible"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    runs = json.loads((tmp_path / "bench_shard.json").read_text())["runs"]
+    report = json.loads((tmp_path / "bench_shard.json").read_text())
+    runs = report["runs"]
+    assert report["compile"] == "reproducible"
     assert set(runs) == {"1", "2"}
     for row in runs.values():
         assert row["speculative"]["first_mismatch_vs_plain"] is None  # lossless (float32 tiny model)

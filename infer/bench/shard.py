@@ -11,7 +11,8 @@ the target's shapes steered by an oracle (:mod:`infer.bench.oracle`) towards the
 every 4th position (realistic acceptance lengths; the draft still runs in full). Batch 1, greedy, random prompt.
 
 Timed (:func:`infer.bench.harness.time_runs`: compile and prefill excluded, median of ``--reps``): the plain and
-the speculative loop from their post-prefill states, ``--new-tokens`` tokens each. Fit: KV caches of
+the speculative loop from their post-prefill states, ``--new-tokens`` tokens each, compiled as ``generate()`` compiles
+them (``--compile``, :mod:`infer.bench.loops`). Fit: KV caches of
 ``--fit-from``, 2x, 4x, ... slots (at most ``--fit-max``) are allocated and ``--fit-steps`` decode steps run
 reading all of it, until the first out-of-memory error (chunked prefill's working memory is bounded by its
 chunk, so weights and cache set the longest context). JAX preallocates 75% of each GPU: set
@@ -32,13 +33,13 @@ import numpy as np
 
 from infer.bench.decode import LLAMA3_8B, TINY
 from infer.bench.harness import arg_parser, error_text, log, md_header, md_row, time_loop, time_runs, write_report
+from infer.bench.loops import add_compile_arg, plain_fns, speculative_fns
 from infer.bench.near_tie import first_divergence
 from infer.bench.oracle import oracle_hook, oracle_table
 from infer.bench.random_model import random_target
-from infer.decoding import DecodeSettings, Progress, StopCriteria, prefill_and_first_token
+from infer.decoding import DecodeSettings, Progress, StopCriteria
 from infer.generate import on_mesh, pad_prompts, plan_speculative
-from infer.plain import decode_step, plain_loop
-from infer.speculative import speculative_loop, speculative_start
+from infer.plain import decode_step
 from longspec_jax.draft import DraftConfig, DraftWeights, init_draft
 from longspec_jax.kv_cache import init_cache
 from longspec_jax.mesh import make_mesh
@@ -72,8 +73,7 @@ def decode_speed(args, n: int, target: Target, tokens_1xT: np.ndarray, plain_tok
     tokens, lengths = pad_prompts([tokens_1xT], base.prompt_len)
     row: dict = {}
     with on_mesh(target.mesh):
-        plain_start = jax.jit(lambda p, t, l, k: prefill_and_first_token(p, base, t, l, k))
-        plain_run = jax.jit(lambda p, pr, c, last, k: plain_loop(p, base, stop, pr, c, last, k), donate_argnums=2)
+        plain_start, plain_run = plain_fns(base, stop, args.compile)
 
         def start():
             first, cache, k = plain_start(params, tokens, lengths, key)
@@ -89,8 +89,7 @@ def decode_speed(args, n: int, target: Target, tokens_1xT: np.ndarray, plain_tok
         log(f"{n} device(s): plain {row['plain']['tokens_per_s']:.1f} tok/s")
         weights = DraftWeights(draft.variables, jnp.asarray(oracle_table(
             [tokens_1xT], [greedy], base.capacity + 64, target.config.vocab_size, wrong_every=4, phase=1)))
-        spec_start = jax.jit(lambda p, d, t, l, k: speculative_start(settings, p, d, t, l, stop, k))
-        spec_run = jax.jit(lambda p, d, st: speculative_loop(settings, p, d, stop, st), donate_argnums=2)
+        spec_start, spec_run = speculative_fns(settings, stop, args.compile)
         sec, state = time_runs(lambda: spec_start(params, weights, tokens, lengths, key),
                                lambda st: spec_run(params, weights, st), args.reps)
         generated, rounds = int(state.progress.num_generated[0]), int(state.progress.num_rounds[0])
@@ -149,7 +148,7 @@ def run(args) -> dict:
     devices = jax.devices()[:args.devices]
     results: dict = {"date": datetime.date.today().isoformat(), "device": str(devices[0].device_kind),
                      "jax": jax.__version__, "shapes": shapes, "context": args.context, "new_tokens": args.new_tokens,
-                     "tree_shape": list(args.tree), "runs": {}}
+                     "tree_shape": list(args.tree), "compile": args.compile, "runs": {}}
     tokens_1xT = np.random.default_rng(0).integers(0, shapes["vocab_size"], args.context).astype(np.int32)
     plain_tokens = None
     for n in dict.fromkeys((1, len(devices))):
@@ -200,6 +199,7 @@ def markdown(results: dict) -> str:
 def main(argv=None) -> int:
     p = arg_parser("shard", __doc__, "tiny shapes on the CPU (several devices: set XLA_FLAGS before starting)")
     p.add_argument("--devices", type=int, default=None, help="devices of the sharded runs (default: all)")
+    add_compile_arg(p)
     for name, kind, text in (("context", int, "prompt tokens of the speed runs"),
                              ("new-tokens", int, "tokens per generation"), ("reps", int, "timed runs (median)"),
                              ("tree", str, "speculative tree shape"), ("fit-from", int, "first context tried"),
