@@ -96,3 +96,26 @@ def test_profile_args_carry_what_the_padded_pair_loader_reads(monkeypatch):
     common = ["--out", "unused", "--fixture", "F", "--pad-script", "P", "--contexts", "64"]
     assert spec.load_pair(profile.parse_args(common))[3] == "auto"
     assert spec.load_pair(profile.parse_args(common + ["--attention", "mosaic"]))[3] == "mosaic"
+
+
+@pytest.mark.parametrize("compile_mode, bad, failing", [
+    ("reproducible", "REPRODUCIBLE_OPTIONS", {"plain", "verify"}),
+    ("autotuned", "REPRODUCIBLE_OPTIONS", set()),
+    ("autotuned", "SPECULATIVE_OPTIONS", {"verify"}),
+])
+def test_profile_compiles_phases_as_generate_does(tmp_path, monkeypatch, compile_mode, bad, failing):
+    """``profile --compile`` gives each phase generate()'s options for its loop: an option XLA does not know
+    fails exactly the phases it reaches (and is named in their rows)."""
+    import importlib
+
+    from infer.bench.profile import main
+
+    monkeypatch.setattr(importlib.import_module("infer.generate"), bad, {"xla_no_such_option": 1})
+    assert main(["--out", str(tmp_path), "--smoke", "--phases", "plain,verify", "--tree", "2,2", "--reps", "1",
+                 "--compile", compile_mode]) == 0
+    report = json.loads((tmp_path / "bench_profile.json").read_text())
+    assert report["compile"] == compile_mode
+    rows = report["contexts"]["40"]["default"]
+    assert set(rows) == {"plain", "verify"}
+    assert {name for name, row in rows.items() if "xla_no_such_option" in row.get("error", "")} == failing
+    assert all("error" not in row for name, row in rows.items() if name not in failing)

@@ -10,8 +10,9 @@ shapes, not on what the draft predicts). Each phase (plain decode step, draft st
 whole round) is profiled in the in-loop timing from the post-prefill state (:mod:`infer.bench.trace`): kernels per
 step, summed kernel time, GPU-busy time and wall time per step, where the time goes by source function and by
 kernel, and the GPU's idle gaps by the source of the kernel that ended each, and the compiled program's temporary
-bytes. Every phase but the plain step is compiled with the speculative loop's XLA options
-(:data:`infer.speculative.SPECULATIVE_OPTIONS`). ``--options`` adds XLA compiler-option variants (e.g. command
+bytes. Every phase is compiled as ``generate()`` compiles its loop (``--compile``: autotuned, or the default
+reproducible; every phase but the plain step with the speculative loop's options,
+:data:`infer.speculative.SPECULATIVE_OPTIONS`). ``--options`` adds XLA compiler-option variants (e.g. command
 buffers off) of every phase, added to those; ``--ablate`` adds one variant per named part with that part
 computed twice (:mod:`infer.bench.ablation`): its time over the default's is the part's marginal cost in the
 round; ``--impls`` adds one variant per attention impl, timed after the default (``--attention``) in the same
@@ -41,16 +42,17 @@ import numpy as np
 from infer.bench.ablation import PARTS, doubling, parse_parts
 from infer.bench.decode import LLAMA3_8B, TINY
 from infer.bench.harness import arg_parser, json_object_arg, log, md_header, md_row, names_arg, write_report
+from infer.bench.loops import add_compile_arg
 from infer.bench.mosaic_override import check_fields, mosaic_override
 from infer.bench.random_model import random_target
 from infer.bench.spec import add_round_args, batch_starts, check_round_args, load_pair, stream_length
 from infer.bench.spec_phases import after
 from infer.bench.trace import profile_loop
 from infer.decoding import StopCriteria
-from infer.generate import pad_prompts, plan_speculative
+from infer.generate import compile_options, pad_prompts, plan_speculative
 from infer.main import positive_ints_arg
 from infer.plain import decode_step
-from infer.speculative import SPECULATIVE_OPTIONS, VERIFY_NODE_MULTIPLE, spec_round, speculative_start, verify
+from infer.speculative import VERIFY_NODE_MULTIPLE, spec_round, speculative_start, verify
 from longspec_jax.attention import IMPLS
 from longspec_jax.draft import DraftConfig, draft_root, init_draft
 from longspec_jax.sampling import SamplingConfig
@@ -114,10 +116,11 @@ def phase_steps(settings, stop):
 
 def profile_context(plan, stop, tparams, weights, tokens, lengths, reps: int, variants: dict[str, Variant],
                     hlo_dir: str | None = None, phases: tuple[str, ...] | None = None, out: dict | None = None,
-                    on_variant=lambda: None) -> dict:
+                    on_variant=lambda: None, compile_mode: str = "autotuned") -> dict:
     """Every phase (or those of ``phases``) under every variant, into ``out`` (``{variant: {phase: summary}}``;
     ``on_variant()`` runs after each, e.g. to write the report so far); ``plan(impl)`` gives the round's settings
-    with attention impl ``impl`` (None: the pair's); the carries are rebuilt from the post-prefill state.
+    with attention impl ``impl`` (None: the pair's); the carries are rebuilt from the post-prefill state; each phase
+    is compiled with generate()'s options for ``compile_mode`` (:mod:`infer.bench.loops`) plus the variant's.
     ``hlo_dir``: each phase's compiled module is written there too, as ``VARIANT_PHASE.hlo.txt``."""
     out = {} if out is None else out
     for variant, how in variants.items():
@@ -126,7 +129,7 @@ def profile_context(plan, stop, tparams, weights, tokens, lengths, reps: int, va
         fresh_state = functools.partial(start, tparams, weights, tokens, lengths, jax.random.PRNGKey(0))
         with doubling(how.doubled), mosaic_override(dict(how.mosaic)):  # the phases are traced afresh inside
             out[variant] = _profile_variant(variant, how.options, fresh_state, settings, stop, tparams, weights,
-                                            reps, hlo_dir, phases)
+                                            reps, hlo_dir, phases, compile_mode == "reproducible")
         on_variant()
     return out
 
@@ -135,7 +138,8 @@ def _mib(value) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def _profile_variant(variant, opts, fresh_state, settings, stop, tparams, weights, reps, hlo_dir, phases):
+def _profile_variant(variant, opts, fresh_state, settings, stop, tparams, weights, reps, hlo_dir, phases,
+                     reproducible: bool):
     """The phases of one variant (its doubled parts already patched in): ``{phase: summary}``."""
     spec, ds = settings.tree, settings.draft
     steps = {n: f for n, f in phase_steps(settings, stop).items() if phases is None or n in phases}
@@ -161,7 +165,8 @@ def _profile_variant(variant, opts, fresh_state, settings, stop, tparams, weight
         t0 = time.perf_counter()
         try:
             hlo_path = os.path.join(hlo_dir, f"{variant}_{name}.hlo.txt") if hlo_dir else None
-            options = opts if name == "plain" else {**SPECULATIVE_OPTIONS, **opts}  # compiled as generate() does
+            loop = "plain" if name == "plain" else "speculative"
+            options = {**compile_options(loop, reproducible), **opts}  # compiled as generate() does
             rows[name], carry = profile_loop(step, carry, consts, reps, options, hlo_path)
         except Exception as e:  # noqa: BLE001
             rows[name] = dict(error=f"{type(e).__name__}: {e}"[:800])
@@ -194,7 +199,7 @@ def run(args) -> dict:
     results: dict = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
                      "jax": jax.__version__, "model": args.model, "tree_shape": list(args.tree),
                      "temperature": args.temperature, "draft_sampling": args.draft_sampling, "attention": impl,
-                     "batch": args.batch, "contexts": {}}
+                     "batch": args.batch, "compile": args.compile, "contexts": {}}
     stop = StopCriteria.make(args.new_tokens, [])
     for ctx in args.contexts:
         def plan(variant_impl, ctx=ctx):
@@ -208,7 +213,8 @@ def run(args) -> dict:
         results["contexts"][ctx] = {}
         profile_context(plan, stop, target.params, draft.weights, tokens, lengths, args.reps, args.variants,
                         hlo_dir, args.phases, out=results["contexts"][ctx],
-                        on_variant=lambda: write_report(args.out, "bench_profile", results, markdown(results)))
+                        on_variant=lambda: write_report(args.out, "bench_profile", results, markdown(results)),
+                        compile_mode=args.compile)
     return results
 
 
@@ -288,6 +294,7 @@ def parse_args(argv=None):
     p.add_argument("--hlo", action="store_true",
                    help="also write each phase's compiled HLO module (what every kernel computes) under "
                         "OUT/hlo/CONTEXT/")
+    add_compile_arg(p)
     add_round_args(p)
     args = p.parse_args(argv)
     check_round_args(p, args)

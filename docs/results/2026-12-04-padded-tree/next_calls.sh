@@ -1,5 +1,15 @@
 # Left for the next session (docs/benchmarks.md 7q); needs .gpu/setup.sh as in call2.sh. Two device calls
 # (split this file at "# Call B"), ~8 + ~7 min.
+# Call A: where the padded round's time goes now, in generate()'s default compile (profile --compile reproducible,
+#         new) and the autotuned one; variants: default (72 nodes) and nodes_1 (the unpadded tree); 16k.
+source .gpu/setup.sh
+for mode in reproducible autotuned; do
+  timeout 240 python -m infer.bench profile --fixture $F/code-lm --pad-script $F/pad_model.py --work /tmp/lsb \
+    --contexts 16384 --reps 5 --phases draft_step0,tree_level2,verify,round --attention auto \
+    --verify-node-multiples 1 --compile $mode --out $OUT/prof_$mode > $OUT/prof_${mode}_log.txt 2>&1
+  grep -E "\[bench|rror" $OUT/prof_${mode}_log.txt | grep -v -i warn | tail -10; left "profile $mode done"
+done
+# Call B"), ~8 + ~7 min.
 # Call A: where the padded round's time goes now (variants: default = autotuned on 72 nodes; repro = generate()'s
 #         default compile; nodes_1 = the unpadded tree), 16k.
 source .gpu/setup.sh
