@@ -139,8 +139,8 @@ def summarize(plain_runs: list[dict], spec_runs: list[dict] | None = None) -> di
 
 def run(args) -> dict:
     results = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
-               "jax": jax.__version__, "tree_shape": list(args.tree), "new_tokens": args.new_tokens, "compile": args.compile,
-               "rows": []}
+               "jax": jax.__version__, "tree_shape": list(args.tree), "new_tokens": args.new_tokens,
+               "compile": args.compile, "rows": []}
     if args.smoke:
         from infer.bench.tiny import random_draft, tiny_target
         target = tiny_target(0)

@@ -13,9 +13,9 @@ from infer.speculative import SpecSettings, speculative_loop, speculative_start
 COMPILES = ("autotuned", "reproducible")  # generate(reproducible=False), generate()'s default
 
 
-def add_compile_arg(parser, default: str = "autotuned") -> None:
-    """``--compile {autotuned,reproducible}``: the compile every timed loop gets."""
-    parser.add_argument("--compile", default=default, choices=COMPILES,
+def add_compile_arg(parser) -> None:
+    """``--compile {autotuned,reproducible}``: the compile every timed loop gets (default autotuned)."""
+    parser.add_argument("--compile", default=COMPILES[0], choices=COMPILES,
                         help="XLA options of every loop: autotuned kernels (generate(reproducible=False)), or "
                              "generate()'s default reproducible compile (infer.generate.REPRODUCIBLE_OPTIONS)")
 
@@ -30,10 +30,15 @@ def plain_fns(base: DecodeSettings, stop: StopCriteria, compile_mode: str):
     return start, run
 
 
+def speculative_options(compile_mode: str, extra_options=None) -> dict:
+    """generate()'s XLA options of the speculative loop for ``compile_mode``, with ``extra_options`` added."""
+    return {**compile_options("speculative", compile_mode == "reproducible"), **(extra_options or {})}
+
+
 def speculative_fns(settings: SpecSettings, stop: StopCriteria, compile_mode: str, extra_options=None):
     """``start(params, draft_weights, tokens, lengths, key) -> state`` and ``run(params, draft_weights, state) ->
-    state`` (the state donated) of speculative decoding; ``extra_options`` are added to generate()'s."""
-    options = {**compile_options("speculative", compile_mode == "reproducible"), **(extra_options or {})}
+    state`` (the state donated) of speculative decoding, compiled with :func:`speculative_options`."""
+    options = speculative_options(compile_mode, extra_options)
     start = jax.jit(lambda p, d, t, l, k: speculative_start(settings, p, d, t, l, stop, k), compiler_options=options)
     run = jax.jit(lambda p, d, st: speculative_loop(settings, p, d, stop, st), donate_argnums=2,
                   compiler_options=options)

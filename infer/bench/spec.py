@@ -46,13 +46,13 @@ import numpy as np
 from infer.bench.floors import nbytes, round_floors
 from infer.bench.harness import (arg_parser, copy_bandwidth, error_text, json_object_arg, log, md_header, md_row,
                                  time_runs, write_report)
-from infer.bench.loops import add_compile_arg, plain_fns, speculative_fns
+from infer.bench.loops import add_compile_arg, plain_fns, speculative_fns, speculative_options
 from infer.bench.near_tie import earliest_parting, float32_reference, partings
 from infer.bench.oracle import oracle_hook, oracle_table
 from infer.bench.spec_inputs import build_padded_pair, dev_prompt_tokens, stable_row_starts
 from infer.bench.spec_phases import draft_state_bytes, phase_times
 from infer.decoding import Progress, StopCriteria
-from infer.generate import check_draft_sampling, compile_options, pad_prompts, plan_speculative
+from infer.generate import check_draft_sampling, pad_prompts, plan_speculative
 from infer.main import temperature_arg, tree_shape_arg
 from infer.speculative import VERIFY_NODE_MULTIPLE
 from longspec_jax.attention import IMPLS
@@ -144,7 +144,7 @@ def run(args) -> dict:
     key = jax.random.PRNGKey(0)
     weights = draft.weights
 
-    spec_options = {**compile_options("speculative", args.compile == "reproducible"), **args.xla_options}
+    spec_options = speculative_options(args.compile, args.xla_options)
     plain_start, plain_run = plain_fns(base, stop, args.compile)
     real_fns = speculative_fns(settings, stop, args.compile, args.xla_options)
     oracle_fns = speculative_fns(dataclasses.replace(settings, draft=dataclasses.replace(settings.draft,
