@@ -42,14 +42,14 @@ import numpy as np
 from infer.bench.ablation import PARTS, doubling, parse_parts
 from infer.bench.decode import LLAMA3_8B, TINY
 from infer.bench.harness import arg_parser, json_object_arg, log, md_header, md_row, names_arg, write_report
-from infer.bench.loops import add_compile_arg
+from infer.bench.loops import add_compile_arg, loop_options
 from infer.bench.mosaic_override import check_fields, mosaic_override
 from infer.bench.random_model import random_target
 from infer.bench.spec import add_round_args, batch_starts, check_round_args, load_pair, stream_length
 from infer.bench.spec_phases import after
 from infer.bench.trace import profile_loop
 from infer.decoding import StopCriteria
-from infer.generate import compile_options, pad_prompts, plan_speculative
+from infer.generate import pad_prompts, plan_speculative
 from infer.main import positive_ints_arg
 from infer.plain import decode_step
 from infer.speculative import VERIFY_NODE_MULTIPLE, spec_round, speculative_start, verify
@@ -129,7 +129,7 @@ def profile_context(plan, stop, tparams, weights, tokens, lengths, reps: int, va
         fresh_state = functools.partial(start, tparams, weights, tokens, lengths, jax.random.PRNGKey(0))
         with doubling(how.doubled), mosaic_override(dict(how.mosaic)):  # the phases are traced afresh inside
             out[variant] = _profile_variant(variant, how.options, fresh_state, settings, stop, tparams, weights,
-                                            reps, hlo_dir, phases, compile_mode == "reproducible")
+                                            reps, hlo_dir, phases, compile_mode)
         on_variant()
     return out
 
@@ -139,7 +139,7 @@ def _mib(value) -> str:
 
 
 def _profile_variant(variant, opts, fresh_state, settings, stop, tparams, weights, reps, hlo_dir, phases,
-                     reproducible: bool):
+                     compile_mode: str):
     """The phases of one variant (its doubled parts already patched in): ``{phase: summary}``."""
     spec, ds = settings.tree, settings.draft
     steps = {n: f for n, f in phase_steps(settings, stop).items() if phases is None or n in phases}
@@ -165,8 +165,7 @@ def _profile_variant(variant, opts, fresh_state, settings, stop, tparams, weight
         t0 = time.perf_counter()
         try:
             hlo_path = os.path.join(hlo_dir, f"{variant}_{name}.hlo.txt") if hlo_dir else None
-            loop = "plain" if name == "plain" else "speculative"
-            options = {**compile_options(loop, reproducible), **opts}  # compiled as generate() does
+            options = loop_options("plain" if name == "plain" else "speculative", compile_mode, opts)
             rows[name], carry = profile_loop(step, carry, consts, reps, options, hlo_path)
         except Exception as e:  # noqa: BLE001
             rows[name] = dict(error=f"{type(e).__name__}: {e}"[:800])

@@ -46,7 +46,7 @@ import numpy as np
 from infer.bench.floors import nbytes, round_floors
 from infer.bench.harness import (arg_parser, copy_bandwidth, error_text, json_object_arg, log, md_header, md_row,
                                  time_runs, write_report)
-from infer.bench.loops import add_compile_arg, plain_fns, speculative_fns, speculative_options
+from infer.bench.loops import add_compile_arg, loop_options, plain_fns, speculative_fns
 from infer.bench.near_tie import earliest_parting, float32_reference, partings
 from infer.bench.oracle import oracle_hook, oracle_table
 from infer.bench.spec_inputs import build_padded_pair, dev_prompt_tokens, stable_row_starts
@@ -144,7 +144,7 @@ def run(args) -> dict:
     key = jax.random.PRNGKey(0)
     weights = draft.weights
 
-    spec_options = speculative_options(args.compile, args.xla_options)
+    spec_options = loop_options("speculative", args.compile, args.xla_options)
     plain_start, plain_run = plain_fns(base, stop, args.compile)
     real_fns = speculative_fns(settings, stop, args.compile, args.xla_options)
     oracle_fns = speculative_fns(dataclasses.replace(settings, draft=dataclasses.replace(settings.draft,

@@ -18,15 +18,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from infer.bench.harness import time_loop
-from infer.speculative import SPECULATIVE_OPTIONS, SpecSettings, exact_acceptance, spec_round, verify
+from infer.speculative import SpecSettings, exact_acceptance, spec_round, verify
 from longspec_jax.draft import draft_prefill, draft_root
 from longspec_jax.kv_cache import KVCache, TreeKV, commit
 from longspec_jax.tree import Tree, TreeSpec, grow_tree, start_tree
 
 
-def loop_time(step, carry, consts, reps: int, options: dict = SPECULATIVE_OPTIONS):
+def loop_time(step, carry, consts, reps: int, options: dict):
     """Seconds per ``carry = step(carry, *consts)`` in the in-loop timing (one timed call, compiled with XLA
-    ``options``: by default the speculative loop's, :data:`infer.speculative.SPECULATIVE_OPTIONS`), and the carry."""
+    ``options``), and the carry."""
     t, carry = time_loop(step, carry, consts, reps, options=options)
     return t.per_step_s, carry
 
@@ -57,10 +57,11 @@ def recompute_settings(settings: SpecSettings, B: int) -> tuple[SpecSettings, Tr
 
 
 def phase_times(settings: SpecSettings, tparams, weights, tokens, lengths, stop, key, reps, start_fn,
-                commit_repeats: int = 3, options: dict = SPECULATIVE_OPTIONS) -> dict:
+                commit_repeats: int, options: dict) -> dict:
     """Seconds of each phase of one round. The verify and commit phases of both commit schemes are timed in
     turn, ``commit_repeats`` times, and the medians kept (all samples under ``samples``): they differ by a few
-    hundredths of a millisecond. ``options``: XLA options of every phase's compile."""
+    hundredths of a millisecond. ``options``: XLA options of every phase's compile (the speculative loop's,
+    :func:`infer.bench.loops.loop_options`)."""
     timed = functools.partial(loop_time, options=options)
     spec, ds = settings.tree, settings.draft
     B = tokens.shape[0]
@@ -124,7 +125,7 @@ def phase_times(settings: SpecSettings, tparams, weights, tokens, lengths, stop,
     del cache, logits_BxNxV, tree_kv, alt
     state = start_fn(tparams, weights, tokens, lengths, key)
     phases["full_round"], state = timed(lambda st, p, d: spec_round(settings, p, d, stop, st), state,
-                                            (tparams, weights), reps)
+                                        (tparams, weights), reps)
     return phases
 
 
