@@ -66,8 +66,8 @@ def speculative_sampling_acceptance(tree: Tree, target_logits_BxNxV, key, settin
 
 
 # Verification runs the tree padded to a multiple of this many nodes (:func:`pad_tree_nodes`): XLA pads the rows of
-# every cuBLAS GEMM to a multiple of 8 and slices them off again, in every layer; padding the tree once is 5% faster
-# a round end to end on the H200 (docs/benchmarks.md 7q).
+# every cuBLAS GEMM to a multiple of 8 and slices them off again, in every layer; padding the tree once makes a round
+# 1.7-5.3% faster end to end on the H200 (docs/benchmarks.md 7q).
 VERIFY_NODE_MULTIPLE = 8
 
 
