@@ -1,5 +1,6 @@
 # Left for the next session (docs/benchmarks.md 7q); needs .gpu/setup.sh as in call2.sh. Two device calls
-# (split this file at "# Call B"), ~8 + ~7 min.
+# (split this file at "# Call B"), ~8 + ~7 min. (Lines of an older Call A that an edit had left between the two calls
+# were removed on 2026-12-04 in the twenty-sixth session, which ran these calls: ../2026-12-04-padded-profile/.)
 # Call A: where the padded round's time goes now, in generate()'s default compile (profile --compile reproducible,
 #         new) and the autotuned one; variants: default (72 nodes) and nodes_1 (the unpadded tree); 16k.
 source .gpu/setup.sh
@@ -9,15 +10,6 @@ for mode in reproducible autotuned; do
     --verify-node-multiples 1 --compile $mode --out $OUT/prof_$mode > $OUT/prof_${mode}_log.txt 2>&1
   grep -E "\[bench|rror" $OUT/prof_${mode}_log.txt | grep -v -i warn | tail -10; left "profile $mode done"
 done
-# Call B"), ~8 + ~7 min.
-# Call A: where the padded round's time goes now (variants: default = autotuned on 72 nodes; repro = generate()'s
-#         default compile; nodes_1 = the unpadded tree), 16k.
-source .gpu/setup.sh
-timeout 450 python -m infer.bench profile --fixture $F/code-lm --pad-script $F/pad_model.py --work /tmp/lsb \
-  --contexts 16384 --reps 5 --phases draft_step0,tree_level2,verify,round --attention auto --verify-node-multiples 1 \
-  --options '{"repro": {"xla_gpu_autotune_level": 0, "xla_gpu_enable_triton_gemm": false}}' --out $OUT/prof \
-  > $OUT/prof_log.txt 2>&1
-grep -E "\[bench|rror" $OUT/prof_log.txt | grep -v -i warn | tail -16; left "profile done"
 # Call B: 32k end to end (goal: round <= 8.5 ms) and batch 4 at 16k, in generate()'s default compile (the faster
 #         speculative loop, 7q).
 source .gpu/setup.sh
