@@ -1,17 +1,19 @@
-# Left for the next session (docs/benchmarks.md 7r): does raising the compute warpgroups' registers inside their own
-# branch (branch exp/regs-in-branch, one commit) let ptxas give their code the raised count (no spills, wgmmas not
-# serialized), and is the Mosaic cache half faster for it? One device call, ~6 min. Before it, here:
-#   rm -rf .gpu/old .gpu/regs && mkdir -p .gpu/old .gpu/regs
-#   git archive main pallas longspec_jax infer train | tar -x -C .gpu/old
-#   git archive exp/regs-in-branch pallas longspec_jax infer train | tar -x -C .gpu/regs
-# If ptxas then allocates more than 128 registers to the compute code, next: the overlapped schedules of 7k-7l
-# (ring_schedule.diff, the halves) on top of it, with two compute warpgroups (232 registers each).
+# Left for the next session (docs/benchmarks.md 7r): does raising the compute warpgroups' registers at the head of
+# their own branches (branch exp/regs-in-branch) let ptxas give their code the raised count (152 registers with
+# three compute warpgroups, 232 with two; setmaxnreg_probe.cu shows ptxas does so only when the setmaxnreg dominates
+# the code), is the Mosaic cache half faster for it, and does 7k's ring schedule (branch exp/ring-regs, on top of
+# it; MosaicConfig(ring=True)) now fit without spills and win? One device call, ~6 min. Before it, here:
+#   rm -rf .gpu/old .gpu/ring && mkdir -p .gpu/old .gpu/ring
+#   git archive main pallas longspec_jax infer train tests | tar -x -C .gpu/old
+#   git archive exp/ring-regs pallas longspec_jax infer train tests | tar -x -C .gpu/ring
 source .gpu/setup.sh
-att() {  # $1 name, $2 PYTHONPATH: the kernel alone at the verify shapes, ptxas's report of each compiled kernel
-  MOSAIC_GPU_DUMP_PTXAS=1 PYTHONPATH=$2 timeout 150 python -m infer.bench attention --sections copy,mosaic \
-    --mosaic-shapes padded-8b:64:16384:1,llama3-8b:128:32768:1 --new-tokens 72 --mosaic-variants wgs \
-    --out $OUT/$1 > $OUT/$1_log.txt 2>&1
-  rm -f $OUT/$1/bench_attention.md; grep -E "spill|Used [0-9]+ reg|serialized| us \(" $OUT/$1_log.txt | head -20
+att() {  # $1 name, $2 tree, $3 variant kinds: the kernel alone at the verify shapes, ptxas's report of each kernel
+  (cd $2 && MOSAIC_GPU_DUMP_PTXAS=1 PYTHONPATH=$PWD timeout 200 python -m infer.bench attention --sections copy,mosaic \
+    --mosaic-shapes padded-8b:64:16384:1,llama3-8b:128:32768:1 --new-tokens 72 --mosaic-variants $3 \
+    --out $OUT/$1) > $OUT/$1_log.txt 2>&1
+  rm -f $OUT/$1/bench_attention.md; grep -E "spill|Used [0-9]+ reg|serialized| us \(" $OUT/$1_log.txt | head -24
   left "attention $1"
 }
-att old $PWD/.gpu/old; att regs $PWD/.gpu/regs; att old2 $PWD/.gpu/old
+att old .gpu/old wgs; att ring .gpu/ring wgs,ring
+(cd .gpu/ring && PYTHONPATH=$PWD timeout 120 python -m pytest -q -m gpu tests/test_mosaic_cache.py -p no:cacheprovider \
+  -k "padded-default or ring or llama-default") > $OUT/ring_tests.txt 2>&1; tail -3 $OUT/ring_tests.txt; left "ring tests"
