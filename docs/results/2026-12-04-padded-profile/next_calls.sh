@@ -2,10 +2,12 @@
 # their own branches (branch exp/regs-in-branch) let ptxas give their code the raised count (152 registers with
 # three compute warpgroups, 232 with two; setmaxnreg_probe.cu shows ptxas does so only when the setmaxnreg dominates
 # the code), is the Mosaic cache half faster for it, and does 7k's ring schedule (branch exp/ring-regs, on top of
-# it; MosaicConfig(ring=True)) now fit without spills and win? One device call, ~6 min. Before it, here:
+# it; MosaicConfig(ring=True)) now fit without spills and win? ~6 min, then Call B, ~6 min. Before them, here:
 #   rm -rf .gpu/old .gpu/ring && mkdir -p .gpu/old .gpu/ring
 #   git archive main pallas longspec_jax infer train tests | tar -x -C .gpu/old
 #   git archive exp/ring-regs pallas longspec_jax infer train tests | tar -x -C .gpu/ring
+#   rm -rf .gpu/regs && mkdir -p .gpu/regs && git archive exp/regs-in-branch pallas longspec_jax infer train | tar -x -C .gpu/regs
+# Two calls: split this file at "# Call B". Call A:
 source .gpu/setup.sh
 att() {  # $1 name, $2 tree, $3 variant kinds: the kernel alone at the verify shapes, ptxas's report of each kernel
   (cd $2 && MOSAIC_GPU_DUMP_PTXAS=1 PYTHONPATH=$PWD timeout 200 python -m infer.bench attention --sections copy,mosaic \
@@ -17,3 +19,14 @@ att() {  # $1 name, $2 tree, $3 variant kinds: the kernel alone at the verify sh
 att old .gpu/old wgs; att ring .gpu/ring wgs,ring
 (cd .gpu/ring && PYTHONPATH=$PWD timeout 120 python -m pytest -q -m gpu tests/test_mosaic_cache.py -p no:cacheprovider \
   -k "padded-default or ring or llama-default") > $OUT/ring_tests.txt 2>&1; tail -3 $OUT/ring_tests.txt; left "ring tests"
+# Call B (if the registers help the kernel alone): end to end at 16k in generate()'s default compile, main against
+# the registers branch (exp/regs-in-branch, archived into .gpu/regs like the others), one process each, A B A;
+# each process ~100 s (call 3 of 7r: the third run of three did not fit a 600 s call with tests before it).
+source .gpu/setup.sh
+spec() {  # $1 name, $2 tree
+  (cd $2 && PYTHONPATH=$PWD timeout 150 python -m infer.bench spec --fixture $F/code-lm --pad-script $F/pad_model.py \
+    --work /tmp/lsb --contexts 16384 --phase-contexts "" --e2e-contexts 16384 --reps 2 --compile reproducible \
+    --out $OUT/$1) > $OUT/$1_log.txt 2>&1
+  rm -f $OUT/$1/bench_spec.md; grep -E "tok/s|rror" $OUT/$1_log.txt | grep -v -i warn | tail -5; left "spec $1"
+}
+spec old .gpu/old; spec regs .gpu/regs; spec old2 .gpu/old
