@@ -3,10 +3,11 @@
 # three compute warpgroups, 232 with two; setmaxnreg_probe.cu shows ptxas does so only when the setmaxnreg dominates
 # the code), is the Mosaic cache half faster for it, and does 7k's ring schedule (branch exp/ring-regs, on top of
 # it; MosaicConfig(ring=True)) now fit without spills and win? ~6 min, then Call B, ~6 min. Before them, here:
-#   rm -rf .gpu/old .gpu/ring && mkdir -p .gpu/old .gpu/ring
-#   git archive main pallas longspec_jax infer train tests | tar -x -C .gpu/old
-#   git archive exp/ring-regs pallas longspec_jax infer train tests | tar -x -C .gpu/ring
-#   rm -rf .gpu/regs && mkdir -p .gpu/regs && git archive exp/regs-in-branch pallas longspec_jax infer train | tar -x -C .gpu/regs
+#   D=docs/results/2026-12-04-padded-profile; rm -rf .gpu/old .gpu/ring .gpu/regs
+#   for t in old ring regs; do mkdir -p .gpu/$t; git archive HEAD pallas longspec_jax infer train tests | tar -x -C .gpu/$t; done
+#   git apply --directory=.gpu/regs $D/regs_in_branch.diff; git apply --directory=.gpu/ring $D/ring_regs.diff
+# (the branches exp/regs-in-branch and exp/ring-regs hold the same two changes, if they still exist; the diffs are
+# against main at 7r, the ring one includes the registers one)
 # Two calls: split this file at "# Call B". Call A:
 source .gpu/setup.sh
 att() {  # $1 name, $2 tree, $3 variant kinds: the kernel alone at the verify shapes, ptxas's report of each kernel
