@@ -19,7 +19,7 @@ att() {  # $1 name, $2 tree, $3 variant kinds: the kernel alone at the verify sh
 }
 att old .gpu/old wgs; att ring .gpu/ring wgs,ring
 (cd .gpu/ring && PYTHONPATH=$PWD timeout 120 python -m pytest -q -m gpu tests/test_mosaic_cache.py -p no:cacheprovider \
-  -k "padded-default or ring or llama-default") > $OUT/ring_tests.txt 2>&1; tail -3 $OUT/ring_tests.txt; left "ring tests"
+  -k "padded-default or padded-ring or llama-default") > $OUT/ring_tests.txt 2>&1; tail -3 $OUT/ring_tests.txt; left "ring tests"
 # Call B (if the registers help the kernel alone): end to end at 16k in generate()'s default compile, main against
 # the registers branch (exp/regs-in-branch, archived into .gpu/regs like the others), one process each, A B A;
 # each process ~100 s (call 3 of 7r: the third run of three did not fit a 600 s call with tests before it).
