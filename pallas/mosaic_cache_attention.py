@@ -116,13 +116,15 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
 
     row0 = (row_block * C + wg) * ROWS_PER_WG
 
-    @pl.when(wg < C)
-    def _registers():  # 65536 per SM: the memory warpgroup keeps 40 per thread, the compute ones share the rest
+    def raise_registers():  # 65536 per SM: the memory warpgroup keeps 40 per thread, the compute ones share the
+        # rest. Called first in each compute warpgroup's branch, so that it dominates the code that uses them:
+        # ptxas can then allocate that code the raised count instead of the launch's 65536 / threads.
         plgpu.set_max_registers(min(232, (65536 // 128 - 40) // C // 8 * 8), action="increase")
 
     @pl.when((wg < C) & (row0 >= valid_rows))
     def _idle():  # rows all padding: compute nothing, but take the turns and free each K/V tile once it has come
         # (freeing a slot before its tile has come could count towards the slot's next use)
+        raise_registers()
         if pingpong:
             pl.when(wg == 1)(take_turn)
 
@@ -140,6 +142,7 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
 
     @pl.when((wg < C) & (row0 < valid_rows))
     def _compute():  # named scopes: the phases that the Mosaic GPU on-device profiler times when it is on
+        raise_registers()
         q_tile = q_smem.at[wg]
         with jax.named_scope("load_q"):
             plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(row0, ROWS_PER_WG), kv_head], q_tile, q_ready.at[wg])
