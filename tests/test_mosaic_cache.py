@@ -164,6 +164,57 @@ def test_kernel_lowers_for_a_gpu_in_every_variant():
         assert "mosaic_gpu" in text, cfg
 
 
+def _subjaxprs(eqn):
+    for param in eqn.params.values():
+        for sub in param if isinstance(param, (list, tuple)) else [param]:
+            if hasattr(sub, "eqns"):
+                yield sub
+            elif hasattr(getattr(sub, "jaxpr", None), "eqns"):
+                yield sub.jaxpr
+
+
+def _primitives(jaxpr):
+    for eqn in jaxpr.eqns:
+        yield eqn.primitive.name
+        for sub in _subjaxprs(eqn):
+            yield from _primitives(sub)
+
+
+def _warpgroup_branches(jaxpr):
+    """The outermost ``pl.when`` branches of a kernel's jaxpr that issue wgmma or change the register count: the
+    code of one kind of warpgroup each."""
+    for eqn in jaxpr.eqns:
+        subs = list(_subjaxprs(eqn))
+        if eqn.primitive.name == "cond":
+            for branch in subs:
+                names = set(_primitives(branch))
+                if names & {"wgmma_ref", "set_max_registers_p"}:
+                    yield branch, names
+                    continue
+                yield from _warpgroup_branches(branch)
+        else:
+            for sub in subs:
+                yield from _warpgroup_branches(sub)
+
+
+@pytest.mark.parametrize("rows, K, D, wgs", [(288, 18, 64, 3), (288, 8, 128, 2), (64, 18, 64, 1)])
+def test_each_warpgroup_sets_its_registers_at_the_head_of_its_branch(rows, K, D, wgs):
+    """``set_max_registers`` must dominate the code it budgets: ptxas compiles a branch that begins with it to the
+    new count, and code after one in a branch of its own to the launch's 65536 / threads (Llama-3-8B's verify config
+    then spilled, docs/benchmarks.md 7s). So each compute warpgroup's branch (its wgmma) and the memory
+    warpgroup's branch begin with it."""
+    cfg = default_mosaic_config(1, K, rows, 16384, D, compute_wgs=wgs)
+    q = jax.ShapeDtypeStruct((1, -(-rows // cfg.rows_per_block()) * cfg.rows_per_block(), K, D), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, 16384, K, D), jnp.bfloat16)
+    jaxpr = jax.make_jaxpr(lambda q, k, v, n: mosaic_cache_partials(q, k, v, n, cfg=cfg, scale=D ** -0.5))(
+        q, kv, kv, jax.ShapeDtypeStruct((1,), jnp.int32)).jaxpr
+    heads = [(branch.eqns[0].primitive.name, branch.eqns[0].params.get("action"), "wgmma_ref" in names)
+             for branch, names in _warpgroup_branches(jaxpr)]
+    assert ("set_max_registers_p", "increase", True) in heads, heads  # the computing warpgroups
+    assert ("set_max_registers_p", "decrease", False) in heads, heads  # the memory warpgroup
+    assert all(name == "set_max_registers_p" for name, _, _ in heads), heads
+
+
 def test_mosaic_runs_on_hopper_gpus_only(monkeypatch):
     assert not mosaic_runs_here()  # this suite's CPU backend
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
