@@ -25,6 +25,7 @@ from pallas.mosaic_cache_attention import (ROWS_PER_WG, MosaicConfig, default_mo
                                            mosaic_cache_partials, mosaic_runs_here, mosaic_supports)
 from pallas.mosaic_config import default_compute_wgs, full_wave_splits
 from pallas.reference import cache_attention_reference, masked_attention_reference, merge_partials
+from pallas.sizes import ceil_div
 
 ON_GPU = jax.default_backend() == "gpu"
 
@@ -204,7 +205,7 @@ def test_each_warpgroup_sets_its_registers_at_the_head_of_its_branch(rows, K, D,
     then spilled, docs/benchmarks.md 7s). So each compute warpgroup's branch (its wgmma) and the memory
     warpgroup's branch begin with it."""
     cfg = default_mosaic_config(1, K, rows, 16384, D, compute_wgs=wgs)
-    q = jax.ShapeDtypeStruct((1, -(-rows // cfg.rows_per_block()) * cfg.rows_per_block(), K, D), jnp.bfloat16)
+    q = jax.ShapeDtypeStruct((1, ceil_div(rows, cfg.rows_per_block()) * cfg.rows_per_block(), K, D), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((1, 16384, K, D), jnp.bfloat16)
     jaxpr = jax.make_jaxpr(lambda q, k, v, n: mosaic_cache_partials(q, k, v, n, cfg=cfg, scale=D ** -0.5))(
         q, kv, kv, jax.ShapeDtypeStruct((1,), jnp.int32)).jaxpr
@@ -321,9 +322,11 @@ def test_compiled_kernel_on_gpu_matches_float32_reference(name):
 SPILL_SCRIPT = """
 import jax, jax.numpy as jnp
 from pallas.mosaic_cache_attention import default_mosaic_config, mosaic_cache_partials
+from pallas.sizes import ceil_div
 for M, S, H, K, D in ((72, 16384, 72, 18, 64), (72, 32768, 32, 8, 128)):  # verification: padded 8B, Llama-3-8B
     cfg = default_mosaic_config(1, K, M * (H // K), S, D)
-    q = jax.ShapeDtypeStruct((1, -(-M * (H // K) // cfg.rows_per_block()) * cfg.rows_per_block(), K, D), jnp.bfloat16)
+    q = jax.ShapeDtypeStruct((1, ceil_div(M * (H // K), cfg.rows_per_block()) * cfg.rows_per_block(), K, D),
+                             jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((1, S, K, D), jnp.bfloat16)
     n = jax.ShapeDtypeStruct((1,), jnp.int32)
     jax.jit(lambda q, k, v, n: mosaic_cache_partials(q, k, v, n, cfg=cfg, scale=D ** -0.5)).lower(q, kv, kv, n).compile()
