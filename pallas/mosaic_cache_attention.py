@@ -4,8 +4,9 @@ With a GQA group folded into the query rows, verification has hundreds of rows p
 = 296), so its cache half is bound by matrix work, not by reading the cache. This kernel runs that work on the
 tensor cores. Its input is the folded queries ``q_BxRxKxD`` (row ``m * G + g`` is query ``m`` of head
 ``k * G + g``, :func:`pallas.folding.fold_group`), with the row count padded to whole row blocks. The valid prefix
-``[0, lengths[b])`` of each sequence is cut at run time into ``num_splits`` chunks of whole key blocks. Each
-thread block (row block, split, kv head x batch) then runs:
+``[0, lengths[b])`` of each sequence is cut at run time into ``num_splits`` chunks of whole key blocks (the last row
+block, where some of its rows are padding, into ``light_splits``: its later splits come out empty). Each thread
+block (row block, split, kv head x batch) then runs:
 
 * one memory warpgroup that streams the chunk's K and V tiles into ``stages`` shared-memory slots by TMA;
 * ``compute_wgs`` warpgroups of 64 query rows each: ``S = Q K^T`` and ``O += P V`` with wgmma, the online
@@ -87,7 +88,7 @@ def _column_iota(shape, interpret: bool):
 
 
 def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: MosaicConfig, kv_heads: int,
-            capacity: int, head_dim: int, valid_rows: int, scale2: float, interpret: bool):
+            capacity: int, head_dim: int, valid_rows: int, row_blocks: int, scale2: float, interpret: bool):
     (q_smem, k_smem, v_smem, lse_smem), (q_ready, k_ready, v_ready), (k_free, v_free), turn = scoped
     C, bk, stages = cfg.compute_wgs, cfg.block_kv, cfg.stages
     row_block, split, head_batch = lax.axis_index("rows"), lax.axis_index("split"), lax.axis_index("head_batch")
@@ -97,7 +98,10 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, scoped, *, cfg: Mosaic
 
     # This block's chunk of the valid prefix: num_splits chunks of whole key blocks.
     length = jnp.clip(len_ref[batch], 0, capacity)
-    chunk = pl.cdiv(pl.cdiv(length, cfg.num_splits), bk) * bk
+    splits = cfg.num_splits
+    if cfg.light_splits is not None and valid_rows < row_blocks * cfg.rows_per_block():  # the last block is light
+        splits = jnp.where(row_block == row_blocks - 1, cfg.light_splits, splits)
+    chunk = pl.cdiv(pl.cdiv(length, splits), bk) * bk  # splits past a light block's count start past the end
     start = split * chunk
     end = jnp.minimum(start + chunk, length)
     steps = pl.cdiv(jnp.maximum(end - start, 0), bk)
@@ -260,7 +264,7 @@ def _lower(lengths_B, q_BxRxKxD, k_BxSxKxD, v_BxSxKxD, *, cfg: MosaicConfig, sca
                  plgpu.Barrier(num_barriers=cfg.stages))
         free = (plgpu.Barrier(num_arrivals=C, num_barriers=cfg.stages),) * 2
         body = functools.partial(_kernel, cfg=cfg, kv_heads=K, capacity=S, head_dim=D, valid_rows=valid_rows,
-                                 scale2=scale * LOG2E, interpret=interpret)
+                                 row_blocks=R // cfg.rows_per_block(), scale2=scale * LOG2E, interpret=interpret)
         pl.run_scoped(lambda *s: body(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, s), scratch, ready, free,
                       plgpu.Barrier(num_arrivals=C), collective_axes="wg")
 
@@ -270,7 +274,8 @@ def _lower(lengths_B, q_BxRxKxD, k_BxSxKxD, v_BxSxKxD, *, cfg: MosaicConfig, sca
     else:
         # the on-device profiler keeps each warpgroup's stamps in shared memory: room for the named scopes of the
         # longest chunk (three a key block, four around the loop, and slack)
-        ranges = 3 * (ceil_div(ceil_div(S, cfg.num_splits), cfg.block_kv) + 1) + 8
+        ranges = 3 * (ceil_div(ceil_div(S, min(cfg.num_splits, cfg.light_splits or cfg.num_splits)),
+                               cfg.block_kv) + 1) + 8
         profile = dict(profile_space=ranges, profile_dir=profile_dir) if profile_dir else {}
         options = dict(compiler_params=plgpu.CompilerParams(approx_math=True, **profile))
     out_type = (jax.ShapeDtypeStruct((cfg.num_splits, B, R, K, D), dtype),

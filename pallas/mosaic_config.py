@@ -26,6 +26,9 @@ class MosaicConfig:
     # accumulator, then rescale-and-add in one FMA (2% slower on the H200; what jax's interpreter can run)
     pingpong: bool = True  # two compute warpgroups take turns on the tensor cores; False: each issues when ready
     # (slower on the H200, docs/benchmarks.md 7f; the schedule three warpgroups always use, testable in the interpreter)
+    light_splits: int | None = None  # split count of the last row block when some of its rows are padding (its
+    # later splits are empty); None: num_splits. A row block with an idle warpgroup runs faster, so it can take
+    # fewer, longer chunks (docs/benchmarks.md 7t)
 
     def rows_per_block(self) -> int:
         return self.compute_wgs * ROWS_PER_WG
@@ -44,6 +47,9 @@ class MosaicConfig:
         if capacity % self.block_kv:
             raise ValueError(f"mosaic cache attention: capacity {capacity} must be a multiple of "
                              f"block_kv={self.block_kv}")
+        if self.light_splits is not None and not 1 <= self.light_splits <= self.num_splits:
+            raise ValueError(f"mosaic cache attention: light_splits={self.light_splits} must be in "
+                             f"[1, num_splits={self.num_splits}]")
         if self.stages < 1 or self.compute_wgs < 1 or self.num_splits < 1:
             raise ValueError(f"mosaic cache attention: stages, compute_wgs and num_splits must be >= 1 ({self})")
         if self.accumulate not in ("fresh", "state"):
@@ -81,14 +87,33 @@ def default_compute_wgs(rows: int, head_dim: int) -> int:
     return 3
 
 
+def one_wave_splits(full_blocks: int, light_blocks: int, slots: int, most: int) -> tuple[int, int] | None:
+    """``(splits, light_splits)`` that put every thread block in one wave of ``slots``: ``full_blocks`` thread
+    blocks a split of full row blocks, ``light_blocks`` of light ones (a warpgroup idle), the light chunks at most
+    half again as long as the full ones (``light_splits >= 2/3 splits``); the most splits, then the most light
+    splits. None where not even two splits fit."""
+    for splits in range(most, 1, -1):
+        for light in range(splits, ceil_div(2 * splits, 3) - 1, -1):
+            if full_blocks * splits + light_blocks * light <= slots:
+                return splits, light
+    return None
+
+
 def default_mosaic_config(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int, *,
-                          num_sms: int = NUM_SMS, compute_wgs: int | None = None) -> MosaicConfig:
+                          num_sms: int = NUM_SMS, compute_wgs: int | None = None,
+                          one_wave: bool = True) -> MosaicConfig:
     """Compute warpgroups by :func:`default_compute_wgs` (or ``compute_wgs``); 128-key tiles (64 for head_dim >
     128), two stages (three for head_dim 64). Split count: the one whose thread blocks of (up to) two warpgroups
     come closest to ``WAVES`` waves of the SMs, with at least ``MIN_SPLIT_KEYS`` of the ``capacity`` slots per
     split; with more than one compute warpgroup, then the :func:`full_wave_splits` count of at most half again as
     many (docs/benchmarks.md 7i: the best of the H200 sweep at six shapes; verification at 16k, 11 splits instead
-    of 12 filled three whole waves, 11% less time alone, 2.9% less in the round)."""
+    of 12 filled three whole waves, 11% less time alone, 2.9% less in the round).
+
+    one_wave: where the last row block has an idle warpgroup (72 queries x group 4 = 288 rows in blocks of 128 or
+    192), take :func:`one_wave_splits` instead when it cuts no more chunks than the rule above: every thread block
+    in one wave, the light row block in fewer, longer chunks (docs/benchmarks.md 7t, H200, the cache half alone:
+    -8% at the padded pair's 16k verification, -2.4% at 32k, Llama-3-8B's -10% at 16k and -4% at 32k; the padded
+    round at 16k 1.4-2.2% less busy, at 32k unchanged)."""
     block_kv = 128 if head_dim <= 128 else 64
     stages = 3 if head_dim <= 64 else 2
     split_wgs = 1 if rows <= ROWS_PER_WG else 2  # warpgroups per thread block, as the waves rule counts them
@@ -100,6 +125,15 @@ def default_mosaic_config(batch: int, kv_heads: int, rows: int, capacity: int, h
     cfg = MosaicConfig(num_splits=splits, block_kv=block_kv, stages=stages, compute_wgs=compute_wgs)
     if compute_wgs == 1:  # several blocks per SM and short chunks: the waves rule measured best (7g, 7h)
         return cfg
-    blocks = batch * kv_heads * ceil_div(rows, compute_wgs * ROWS_PER_WG)
+    row_blocks = ceil_div(rows, compute_wgs * ROWS_PER_WG)
     slots = num_sms * cfg.blocks_per_sm(head_dim)
-    return dataclasses.replace(cfg, num_splits=full_wave_splits(blocks, min(ceil_div(3 * splits, 2), most), slots))
+    cfg = dataclasses.replace(cfg, num_splits=full_wave_splits(batch * kv_heads * row_blocks,
+                                                               min(ceil_div(3 * splits, 2), most), slots))
+    last_block_rows = rows - (row_blocks - 1) * compute_wgs * ROWS_PER_WG
+    if not one_wave or last_block_rows > (compute_wgs - 1) * ROWS_PER_WG:  # no warpgroup idle
+        return cfg
+    fit = one_wave_splits(batch * kv_heads * (row_blocks - 1), batch * kv_heads, slots, cfg.num_splits)
+    if fit is None:
+        return cfg
+    splits, light = fit
+    return dataclasses.replace(cfg, num_splits=splits, light_splits=light if light < splits else None)

@@ -165,10 +165,12 @@ def test_mosaic_override_changes_calls_above_two_warpgroups_of_rows_until_it_end
     q, kv = jnp.zeros((1, 69, 8, 64), jnp.bfloat16), jnp.zeros((1, 1024, 2, 64), jnp.bfloat16)
     with mosaic_override({"num_splits": 5, "stages": 2}):
         assert mca.default_mosaic_config(1, 18, 276, 16640, 64) == dataclasses.replace(
-            default_mosaic_config(1, 18, 276, 16640, 64), num_splits=5, stages=2)
+            default_mosaic_config(1, 18, 276, 16640, 64), num_splits=5, light_splits=None, stages=2)
         assert mca.default_mosaic_config(1, 18, 64, 16640, 64) == default_mosaic_config(1, 18, 64, 16640, 64)
         with pytest.raises(RuntimeError, match="recorded"):
             mca.mosaic_cache_attention(q, kv, kv, jnp.array([900]), interpret=True)  # 276 folded rows
+    with mosaic_override({"num_splits": 5, "light_splits": 2}):  # a light row block only when asked for
+        assert mca.default_mosaic_config(1, 18, 276, 16640, 64).light_splits == 2
     with mosaic_override({"compute_wgs": 3}):
         assert mca.default_mosaic_config(1, 18, 256, 16640, 64) == default_mosaic_config(1, 18, 256, 16640, 64,
                                                                                          compute_wgs=3)

@@ -114,6 +114,15 @@ def test_mosaic_variants_are_the_asked_one_step_changes():
     assert variants(dataclasses.replace(base, compute_wgs=3), 16384, ("schedule",))[1:] == []  # ping-pong needs two
     with pytest.raises(argparse.ArgumentTypeError, match="unknown variant kind"):
         attention.variant_kinds_arg("barrier")
+    # the one-wave rule's light row block: beside it the same splits for every row block and the rule before it;
+    # split neighbours keep the light row block within their count
+    light = dataclasses.replace(base, num_splits=4, light_splits=3)
+    before = dataclasses.replace(base, num_splits=11)
+    assert variants(light, 16384, ("light",), before) == [light, dataclasses.replace(light, light_splits=None),
+                                                          before]
+    assert variants(base, 16384, ("light",), before) == [base]
+    assert [(c.num_splits, c.light_splits) for c in variants(light, 16384, ("splits",))] == [
+        (4, 3), (2, 2), (3, 3), (5, 3), (6, 3), (8, 3)]
 
 
 def _trace(block: int, wg: int, compute_wgs: int, scopes: list) -> list:

@@ -23,7 +23,7 @@ from longspec_jax import attention
 from pallas.folding import fold_group
 from pallas.mosaic_cache_attention import (ROWS_PER_WG, MosaicConfig, default_mosaic_config, mosaic_cache_attention,
                                            mosaic_cache_partials, mosaic_runs_here, mosaic_supports)
-from pallas.mosaic_config import default_compute_wgs, full_wave_splits
+from pallas.mosaic_config import default_compute_wgs, full_wave_splits, one_wave_splits
 from pallas.reference import cache_attention_reference, masked_attention_reference, merge_partials
 from pallas.sizes import ceil_div
 
@@ -72,6 +72,9 @@ def _check_partials(B, M, S, H, K, D, lengths, cfg, interpret):
     o, lse = o[:, :, :R], jnp.swapaxes(lse, 2, 3)[:, :, :R]
     empty = np.isneginf(np.asarray(lse))
     assert (np.asarray(o, np.float32)[empty] == 0).all()
+    if cfg.light_splits is not None and R % cfg.rows_per_block():  # the light block's later splits are empty
+        light_rows = slice(R // cfg.rows_per_block() * cfg.rows_per_block(), R)
+        assert np.isneginf(np.asarray(lse)[cfg.light_splits:, :, light_rows]).all()
     merged_o, merged_lse = merge_partials(o, lse)
     ref_o, ref_lse = cache_attention_reference(_f32(fold_group(q, K)), _f32(k), _f32(v), lens, 0.3)  # head k: row
     _assert_close(merged_o, merged_lse, ref_o, ref_lse)
@@ -95,10 +98,16 @@ CASES = {
                                                                               compute_wgs=2)),
     "free-idle-wg-refills": (1, 12, 1024, 4, 1, 64, [1000], MosaicConfig(num_splits=2, block_kv=64, stages=2,
                                                                           compute_wgs=2, pingpong=False)),
+    # the last row block (16 of 64 rows / 48 of 128 computing) cut into fewer splits than the others
+    "light-splits-wg1": (2, 20, 1024, 4, 1, 64, [1000, 37], MosaicConfig(num_splits=4, block_kv=64, stages=2,
+                                                                          compute_wgs=1, light_splits=2)),
+    "light-splits-pingpong": (1, 12, 1024, 4, 1, 64, [1000], MosaicConfig(num_splits=3, block_kv=64, stages=2,
+                                                                            compute_wgs=2, light_splits=1)),
 }
 # Three compute warpgroups run on the GPU only: the interpreter runs a block's warpgroups as concurrent XLA
 # executions, and on a 2-core machine a fourth one never starts while the others wait at a barrier.
-DEFAULT_SUITE = ("wg1-splits3", "pingpong-stages3-d128", "pingpong-idle-wg-refills", "free-idle-wg-refills")
+DEFAULT_SUITE = ("wg1-splits3", "pingpong-stages3-d128", "pingpong-idle-wg-refills", "free-idle-wg-refills",
+                 "light-splits-wg1")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in DEFAULT_SUITE else pytest.mark.slow)
@@ -156,11 +165,14 @@ def test_kernel_lowers_for_a_gpu_in_every_variant():
     for cfg, K, D in ((MosaicConfig(num_splits=8, stages=3), 18, 64),
                       (MosaicConfig(num_splits=8, stages=3, accumulate="fresh"), 18, 64),
                       (MosaicConfig(num_splits=16, compute_wgs=1), 8, 128),
-                      (MosaicConfig(num_splits=4, block_kv=64, stages=4, compute_wgs=3), 8, 128)):
+                      (MosaicConfig(num_splits=4, block_kv=64, stages=4, compute_wgs=3), 8, 128),
+                      (MosaicConfig(num_splits=11, compute_wgs=2, light_splits=6), 8, 128)):
         R = 3 * cfg.rows_per_block()
         q = jax.ShapeDtypeStruct((1, R, K, D), jnp.bfloat16)
         kv = jax.ShapeDtypeStruct((1, 8192, K, D), jnp.bfloat16)
-        fn = jax.jit(lambda q, k, v, n, _c=cfg: mosaic_cache_partials(q, k, v, n, cfg=_c, scale=D ** -0.5))
+        valid = R - 96 if cfg.light_splits else R  # the last row block light: 32 of its 128 rows computing
+        fn = jax.jit(lambda q, k, v, n, _c=cfg, _v=valid: mosaic_cache_partials(q, k, v, n, cfg=_c, scale=D ** -0.5,
+                                                                                valid_rows=_v))
         text = fn.trace(q, kv, kv, jax.ShapeDtypeStruct((1,), jnp.int32)).lower(lowering_platforms=("cuda",)).as_text()
         assert "mosaic_gpu" in text, cfg
 
@@ -234,18 +246,38 @@ def test_full_wave_splits():
     assert full_wave_splits(5, 0, 132) == 1
 
 
+def test_one_wave_rule_gives_the_light_row_block_fewer_longer_chunks():
+    # every thread block in one wave, the most splits, light chunks at most half again as long (docs/benchmarks.md 7t)
+    assert one_wave_splits(18, 18, 132, 11) == (4, 3)  # padded pair: 18 x (4 + 3) = 126 blocks; (4, 4): 144
+    assert one_wave_splits(16, 8, 132, 11) == (6, 4)  # Llama-3-8B: 16 x 6 + 8 x 4 = 128; (6, 3) would be 2x long
+    assert one_wave_splits(16, 4, 132, 13) == (7, 5)  # Qwen2-7B: 5 row blocks of two warpgroups
+    assert one_wave_splits(18, 18, 132, 3) == (3, 3)  # capped by the rule's own count
+    assert one_wave_splits(36, 36, 132, 9) is None  # batch 2: not even two splits fit in one wave
+    # verification of 72 queries x group 4 (288 rows: the last row block with an idle warpgroup) at the measured
+    # shapes; the rule before it gave 11 splits everywhere
+    for batch, kv_heads, capacity, head_dim, splits, light in ((1, 18, 16640, 64, 4, 3), (1, 18, 33024, 64, 4, 3),
+                                                                (1, 8, 33024, 128, 6, 4)):
+        cfg = default_mosaic_config(batch, kv_heads, 288, capacity, head_dim)
+        assert (cfg.num_splits, cfg.light_splits) == (splits, light)
+        assert default_mosaic_config(batch, kv_heads, 288, capacity, head_dim, one_wave=False).num_splits == 11
+    # no idle warpgroup (74 queries of MHA: 74 of 128 rows), too many blocks for a wave (batch 4, prefill chunks),
+    # one warpgroup (the draft's cross-attention): the rule before it
+    for args in ((1, 32, 74, 16640, 128), (4, 18, 288, 16640, 64), (1, 18, 2048, 16640, 64), (1, 18, 64, 16640, 64)):
+        assert default_mosaic_config(*args) == default_mosaic_config(*args, one_wave=False), args
+
+
 def test_config_rules_and_errors():
     # the H200 sweeps' best split counts (docs/benchmarks.md 7i): padded 8B heads at 16k and 32k (36 thread blocks of
     # three warpgroups per split), at batch 4 (144), Llama-3-8B (24 of two), Vicuna's MHA (32 of two)
-    assert default_mosaic_config(1, 18, 276, 16640, 64) == MosaicConfig(num_splits=11, block_kv=128, stages=3,
-                                                                         compute_wgs=3)
+    assert default_mosaic_config(1, 18, 276, 16640, 64, one_wave=False) == MosaicConfig(
+        num_splits=11, block_kv=128, stages=3, compute_wgs=3)
     assert default_mosaic_config(1, 18, 128, 16384, 64).compute_wgs == 2  # three would idle one of 192 rows
     assert [default_compute_wgs(r, 64) for r in (64, 128, 148, 276)] == [1, 2, 3, 3]
     assert default_mosaic_config(1, 18, 276, 16640, 64, compute_wgs=2).compute_wgs == 2
     assert default_mosaic_config(1, 8, 296, 16384, 128).compute_wgs == 2  # three: twice as slow at head_dim 128
-    assert default_mosaic_config(1, 18, 276, 33024, 64).num_splits == 11
+    assert default_mosaic_config(1, 18, 276, 33024, 64, one_wave=False).num_splits == 11
     assert default_mosaic_config(4, 18, 276, 16640, 64).num_splits == 5
-    assert default_mosaic_config(1, 8, 296, 32768, 128).num_splits == 11
+    assert default_mosaic_config(1, 8, 296, 32768, 128, one_wave=False).num_splits == 11
     assert default_mosaic_config(1, 32, 69, 16640, 128).num_splits == 4
     # two warpgroups at head_dim 64 (a 27-node tree): two thread blocks share an SM, so 14 splits fill one wave
     assert default_mosaic_config(1, 18, 108, 16640, 64).blocks_per_sm(64) == 2
@@ -269,6 +301,7 @@ def test_config_rules_and_errors():
                             (MosaicConfig(num_splits=1, block_kv=512), kv, "capacity 256 must be a multiple"),
                             (MosaicConfig(num_splits=1, accumulate="x"), kv, "accumulate='x'"),
                             (MosaicConfig(num_splits=0), kv, ">= 1"),
+                            (MosaicConfig(num_splits=2, light_splits=3), kv, r"light_splits=3 must be in \[1, num"),
                             (MosaicConfig(num_splits=1, compute_wgs=1, stages=8, block_kv=256), kv512,
                              "shared memory")):
         with pytest.raises(ValueError, match=msg):
@@ -296,6 +329,9 @@ GPU_CASES = {  # the verification pass's shapes at 4k, every variant the benchma
     "padded-27nodes": (1, 27, 4096, 72, 18, 64, [4096], None),  # 108 rows: two warpgroups, two blocks per SM
     "mha-empty": (2, 9, 4096, 32, 32, 128, [0, 63], None),
     "gqa7-prefill": (1, 512, 4096, 28, 4, 128, [3500], None),
+    "padded-light": (2, 74, 4096, 72, 18, 64, [4096, 1234], dict(light_splits=3)),  # light row block: explicit counts
+    "llama-light": (2, 74, 4096, 32, 8, 128, [4096, 100], dict(light_splits=2)),
+    "padded-one-wave": (1, 72, 6144, 72, 18, 64, [6000], None),  # the default: 4 splits, 3 for the light block
 }
 
 

@@ -32,11 +32,13 @@ def parse_shapes(text: str) -> list[tuple[str, int, int, int]]:
     return shapes
 
 
-VARIANT_KINDS = ("accumulate", "wgs", "schedule", "stages", "block", "splits")
+VARIANT_KINDS = ("accumulate", "wgs", "schedule", "stages", "block", "splits", "light")
 
 
-def variants(base, capacity: int, kinds=VARIANT_KINDS) -> list:
-    """The default config, then one-step changes of it, of the ``kinds`` asked for (:data:`VARIANT_KINDS`)."""
+def variants(base, capacity: int, kinds=VARIANT_KINDS, before_one_wave=None) -> list:
+    """The default config, then one-step changes of it, of the ``kinds`` asked for (:data:`VARIANT_KINDS`).
+    before_one_wave: the default without its one-wave rule (``default_mosaic_config(..., one_wave=False)``), which the
+    ``light`` kind times beside it."""
     from pallas.mosaic_cache_attention import MosaicConfig
     key_blocks = capacity // base.block_kv
     out = [base]
@@ -50,10 +52,15 @@ def variants(base, capacity: int, kinds=VARIANT_KINDS) -> list:
         out += [dataclasses.replace(base, stages=st) for st in (2, 4) if st != base.stages]
     if "block" in kinds and base.block_kv != 64:
         out.append(dataclasses.replace(base, block_kv=64, stages=4))
+    if "light" in kinds and base.light_splits is not None:  # the one-wave rule's light row block, and the rule
+        out.append(dataclasses.replace(base, light_splits=None))  # before it
+        if before_one_wave is not None:
+            out.append(before_one_wave)
     if "splits" in kinds:  # splits need not divide the key blocks (chunks are cut at run time); the neighbours
         n = base.num_splits  # show wave quantization (thread blocks per split x splits against the SMs)
         counts = {n - 2, n - 1, n + 1, n + 2, n * 2 // 3, n * 3 // 2, n * 2}
-        out += [dataclasses.replace(base, num_splits=ns) for ns in sorted(counts) if ns != n and 1 <= ns <= key_blocks]
+        out += [dataclasses.replace(base, num_splits=ns, light_splits=base.light_splits and min(base.light_splits, ns))
+                for ns in sorted(counts) if ns != n and 1 <= ns <= key_blocks]
     return [c for c in out if isinstance(c, MosaicConfig)]
 
 
@@ -85,7 +92,8 @@ def run_sweep_mosaic(args, copy_bw, t_start, timer: OpTimer) -> list:
                                                                chunk_attention=chunk_fn))]
         ops += [("mosaic", cfg, (lambda i, _c=cfg: mosaic_cache_attention(i["q"], i["k_cache"], i["v_cache"],
                                                                           i["lengths"], config=_c)))
-                for cfg in variants(base, S, args.mosaic_variants)]
+                for cfg in variants(base, S, args.mosaic_variants,
+                                    default_mosaic_config(B, K, M * (H // K), S, D, one_wave=False))]
         for name, cfg, op in ops:
             if time.perf_counter() - section_start > args.mosaic_budget_s or time.perf_counter() - t_start > args.budget_s:
                 log("  mosaic budget used up; skipping the rest")

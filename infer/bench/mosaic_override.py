@@ -29,7 +29,8 @@ def check_fields(fields: dict) -> None:
 def mosaic_override(fields: dict):
     """While active, the Mosaic cache half of every call with more than :data:`MIN_ROWS` folded rows runs the
     default launch shape for its sizes with ``compute_wgs`` (when given) chosen before the split count, then the
-    other ``fields`` replaced. jax's caches are cleared on entry and exit: trace the round inside the block."""
+    other ``fields`` replaced (a ``num_splits`` without ``light_splits`` for every row block). jax's caches are
+    cleared on entry and exit: trace the round inside the block."""
     if not fields:
         yield
         return
@@ -37,6 +38,8 @@ def mosaic_override(fields: dict):
     import pallas.mosaic_cache_attention as mca
     rule = mca.default_mosaic_config
     wgs, rest = fields.get("compute_wgs"), {k: v for k, v in fields.items() if k != "compute_wgs"}
+    if "num_splits" in rest:
+        rest.setdefault("light_splits", None)
 
     def config(batch, kv_heads, rows, capacity, head_dim, **kw):
         if rows <= MIN_ROWS:

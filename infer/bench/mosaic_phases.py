@@ -98,7 +98,7 @@ def run_phases(args) -> list:
         rows = args.new_tokens * (H // K)
         inputs = make_inputs(600, B, args.new_tokens, S, H, K, D, jnp.bfloat16)
         base = default_mosaic_config(B, K, rows, S, D)
-        for cfg in variants(base, S, args.mosaic_variants):
+        for cfg in variants(base, S, args.mosaic_variants, default_mosaic_config(B, K, rows, S, D, one_wave=False)):
             rec = dict(model=model, D=D, S=S, B=B, M=args.new_tokens, rows=rows, config=dataclasses.asdict(cfg),
                        default=cfg == base)
             label = f"{model} D={D} S={S} B={B} {cfg}"
