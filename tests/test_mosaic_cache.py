@@ -99,8 +99,8 @@ CASES = {
     "free-idle-wg-refills": (1, 12, 1024, 4, 1, 64, [1000], MosaicConfig(num_splits=2, block_kv=64, stages=2,
                                                                           compute_wgs=2, pingpong=False)),
     # the last row block (16 of 64 rows / 48 of 128 computing) cut into fewer splits than the others
-    "light-splits-wg1": (2, 20, 1024, 4, 1, 64, [1000, 37], MosaicConfig(num_splits=4, block_kv=64, stages=2,
-                                                                          compute_wgs=1, light_splits=2)),
+    "light-splits-wg1": (2, 20, 512, 4, 1, 64, [500, 37], MosaicConfig(num_splits=3, block_kv=64, stages=2,
+                                                                          compute_wgs=1, light_splits=1)),
     "light-splits-pingpong": (1, 12, 1024, 4, 1, 64, [1000], MosaicConfig(num_splits=3, block_kv=64, stages=2,
                                                                             compute_wgs=2, light_splits=1)),
 }
