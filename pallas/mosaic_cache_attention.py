@@ -274,8 +274,7 @@ def _lower(lengths_B, q_BxRxKxD, k_BxSxKxD, v_BxSxKxD, *, cfg: MosaicConfig, sca
     else:
         # the on-device profiler keeps each warpgroup's stamps in shared memory: room for the named scopes of the
         # longest chunk (three a key block, four around the loop, and slack)
-        ranges = 3 * (ceil_div(ceil_div(S, min(cfg.num_splits, cfg.light_splits or cfg.num_splits)),
-                               cfg.block_kv) + 1) + 8
+        ranges = 3 * (ceil_div(ceil_div(S, cfg.light_splits or cfg.num_splits), cfg.block_kv) + 1) + 8
         profile = dict(profile_space=ranges, profile_dir=profile_dir) if profile_dir else {}
         options = dict(compiler_params=plgpu.CompilerParams(approx_math=True, **profile))
     out_type = (jax.ShapeDtypeStruct((cfg.num_splits, B, R, K, D), dtype),
