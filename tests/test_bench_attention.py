@@ -125,6 +125,15 @@ def test_mosaic_variants_are_the_asked_one_step_changes():
         (4, 3), (2, 2), (3, 3), (5, 3), (6, 3), (8, 3)]
 
 
+def test_mosaic_table_shows_the_light_row_blocks_splits():
+    from infer.bench.attention_mosaic import mosaic_markdown
+    row = dict(model="padded-8b", D=64, S=16384, B=1, impl="mosaic", default=True, us=71.0, frac_roofline=0.39,
+               roofline_us=27.5, config=dict(num_splits=4, light_splits=3, block_kv=128, stages=3, compute_wgs=3,
+                                             pingpong=True, accumulate="state"))
+    text = "\n".join(mosaic_markdown([row, dict(row, default=False, config=dict(row["config"], light_splits=None))]))
+    assert "| mosaic (default) | 4 | 3 | 128 |" in text and "| mosaic | 4 | - | 128 |" in text
+
+
 def _trace(block: int, wg: int, compute_wgs: int, scopes: list) -> list:
     """Profiler events of one warpgroup: ``scopes`` = [(name, begin, end)] in thousands of cycles."""
     tid = 1 + block * (compute_wgs + 1) + wg
