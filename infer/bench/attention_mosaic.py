@@ -115,14 +115,15 @@ def run_sweep_mosaic(args, copy_bw, t_start, timer: OpTimer) -> list:
 
 def mosaic_markdown(rows: list) -> list[str]:
     lines = ["## Mosaic GPU cache half: launch shapes against cuDNN and the roofline (74 queries, us per call)", ""]
-    lines += md_header(["model", "D", "S", "B", "impl", "splits", "light splits", "block_kv", "stages", "compute wgs",
-                        "ping-pong", "accumulate", "us", "% of roofline", "roofline us"])
+    lines += md_header(["model", "D", "S", "B", "impl", "splits", "light splits", "block_kv", "stages",
+                        "compute wgs", "ping-pong", "accumulate", "us", "% of roofline", "roofline us"])
     for r in rows:
         c = r.get("config") or {}
         us = f"{r['us']:.1f}" if "us" in r else r.get("error", "")[:80].replace("|", "/")
         frac = f"{100 * r['frac_roofline']:.0f}%" if r.get("frac_roofline") else "-"
         label = r["impl"] + (" (default)" if r.get("default") else "")
         lines.append(md_row([r["model"], r["D"], r["S"], r["B"], label, c.get("num_splits", "-"),
-                             c.get("light_splits") or "-", c.get("block_kv", "-"), c.get("stages", "-"), c.get("compute_wgs", "-"),
-                             c.get("pingpong", "-"), c.get("accumulate", "-"), us, frac, f"{r['roofline_us']:.1f}"]))
+                             c.get("light_splits") or "-", c.get("block_kv", "-"), c.get("stages", "-"),
+                             c.get("compute_wgs", "-"), c.get("pingpong", "-"), c.get("accumulate", "-"), us, frac,
+                             f"{r['roofline_us']:.1f}"]))
     return lines + [""]
