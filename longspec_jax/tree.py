@@ -1,5 +1,6 @@
-"""Static token-tree shapes, dynamic beam-search expansion, the tree build of a speculative round, and the
-lossless acceptance walk (reference.md 2.3, 2.6; architecture.md section 5).
+"""Token-tree shapes (level widths, and static topologies for sampled trees), the tree build of a speculative
+round (dynamic beam search, or children sampled from the draft), and the lossless acceptance walk for
+deterministic trees.
 
 Node 0 is the root (the last accepted token); level k holds ``tree_shape[k-1]`` nodes at indices
 ``[offsets[k-1], offsets[k])``. Parents always have smaller indices than their children, so indices grow with
@@ -9,6 +10,7 @@ depth, and every (parent, token) pair is unique, so siblings carry distinct toke
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -21,12 +23,23 @@ from longspec_jax.top_k import top_k
 
 MAX_TREE_NODES = 512
 
+SAMPLING_KINDS = ("without_replacement", "top_plus_one")
+
+
+def check_sampling_kind(kind: str) -> None:
+    if kind not in SAMPLING_KINDS:
+        raise ValueError(f"unknown draft sampling kind {kind!r}; choose from {', '.join(SAMPLING_KINDS)}")
+
 
 @dataclasses.dataclass(frozen=True)
 class TreeSpec:
-    """Static description of a tree shape such as ``(4, 16, 16, 16, 16)``."""
+    """Static description of a tree shape such as ``(4, 16, 16, 16, 16)``: level widths, filled by beam search
+    (dynamic: which node has how many children depends on the round), or, with ``branching``, a static
+    topology: ``branching[k][j]`` children for the j-th node of level k (level 0 = the root), in node order, so
+    level k + 1 lists the children of level k's first node first, each node's children by rank."""
 
     shape: tuple[int, ...]
+    branching: tuple[tuple[int, ...], ...] | None = None
 
     @classmethod
     def parse(cls, tree_shape, vocab_size: int) -> "TreeSpec":
@@ -48,6 +61,41 @@ class TreeSpec:
         if spec.num_nodes > MAX_TREE_NODES:
             raise ValueError(f"tree_shape {shape} has {spec.num_nodes} nodes; at most {MAX_TREE_NODES} allowed")
         return spec
+
+    def with_branching(self, branching) -> "TreeSpec":
+        """This shape with a static topology (``branching``, see the class); raises ``ValueError`` where it does
+        not fit the level widths."""
+        branching = tuple(tuple(int(c) for c in level) for level in branching)
+        if len(branching) != self.depth:
+            raise ValueError(f"branching has {len(branching)} levels, tree_shape {self.shape} has {self.depth}")
+        for k, counts in enumerate(branching):
+            parents = 1 if k == 0 else self.shape[k - 1]
+            if len(counts) != parents or sum(counts) != self.shape[k] or min(counts) < 0:
+                raise ValueError(f"branching[{k}] = {counts} must give {parents} node(s) non-negative child counts "
+                                 f"summing to tree_shape[{k}] = {self.shape[k]}")
+        return dataclasses.replace(self, branching=branching)
+
+    @functools.cached_property
+    def static_parents(self) -> np.ndarray:
+        """``[N]`` parent of every node of a static topology (root: 0)."""
+        return np.concatenate([[0]] + [np.repeat(np.arange(self.offsets[k - 1] if k else 0,
+                                                           self.offsets[k] if k else 1), counts)
+                                       for k, counts in enumerate(self.branching)]).astype(np.int32)
+
+    @functools.cached_property
+    def sibling_ranks(self) -> np.ndarray:
+        """``[N]`` rank of every node among its siblings of a static topology (0 = first child; root: 0)."""
+        return np.concatenate([[0]] + [np.concatenate([np.arange(c) for c in counts]) for counts in
+                                       self.branching]).astype(np.int32)
+
+    @functools.cached_property
+    def children_table(self) -> np.ndarray:
+        """``[N, K]`` children of every node of a static topology by rank, ``-1`` past the last; K = the most
+        children of any node."""
+        K = max(max(counts) for counts in self.branching)
+        table = np.full((self.num_nodes, K), -1, np.int32)
+        table[self.static_parents[1:], self.sibling_ranks[1:]] = np.arange(1, self.num_nodes)
+        return table
 
     @property
     def depth(self) -> int:
@@ -129,19 +177,58 @@ def _add_level(spec: TreeSpec, builder: TreeBuilder, level: int, parents_local_B
     return builder.replace(tree=tree, scores=builder.scores.at[:, nodes].set(scores_BxW))
 
 
-def proposal_log_probs(logp_BxPxV: jax.Array, sample, level: int) -> jax.Array:
-    """What beam search ranks a level's children by: the draft's log-probs, or with ``sample = (key, T)`` their
-    tempered, Gumbel-perturbed version, whose top-1 per parent is a draw from softmax(logp / T) (Gumbel-max)."""
+def sample_children(logp_BxWxV: jax.Array, counts: tuple[int, ...], key: jax.Array, temperature: float,
+                    kind: str) -> tuple[np.ndarray, jax.Array]:
+    """Children of a level's W nodes, ``counts[j]`` for node j, drawn from the draft's tempered distribution q =
+    softmax(logp / T): without replacement (the top k of logp / T plus Gumbel noise are, in order, k successive
+    draws without replacement), or ``top_plus_one``: the node's k - 1 most likely tokens, then one draw from q
+    without them. Returns the next level's parents (static local indices ``[W']``, node order) and tokens
+    ``[B, W']``, each node's children in rank order."""
+    check_sampling_kind(kind)
+    K = max(counts)
+    parents_Wn = np.repeat(np.arange(len(counts)), counts).astype(np.int32)
+    ranks_Wn = np.concatenate([np.arange(c) for c in counts]).astype(np.int32)
+    perturbed_BxWxV = logp_BxWxV / temperature + jax.random.gumbel(key, logp_BxWxV.shape, jnp.float32)
+    if kind == "without_replacement" or K == 1:
+        _, tokens_BxWxK = top_k(perturbed_BxWxV, K)
+        return parents_Wn, tokens_BxWxK[:, parents_Wn, ranks_Wn].astype(jnp.int32)
+    _, top_BxWxJ = top_k(logp_BxWxV, K - 1)
+    excluded_WxJ = np.arange(K - 1)[None] < np.asarray(counts)[:, None] - 1  # node j's top counts[j] - 1 tokens
+    B, W, _ = logp_BxWxV.shape
+    rows_B11, nodes_1W1 = jnp.arange(B)[:, None, None], jnp.arange(W)[None, :, None]
+    perturbed_BxWxV = perturbed_BxWxV.at[rows_B11, nodes_1W1, top_BxWxJ].min(
+        jnp.where(excluded_WxJ, -jnp.inf, jnp.inf)[None])
+    drawn_BxW = jnp.argmax(perturbed_BxWxV, axis=-1)
+    candidates_BxWxK = jnp.concatenate([top_BxWxJ, drawn_BxW[..., None]], axis=-1)
+    slot_Wn = np.where(ranks_Wn == np.asarray(counts)[parents_Wn] - 1, K - 1, ranks_Wn)
+    return parents_Wn, candidates_BxWxK[:, parents_Wn, slot_Wn].astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftSample:
+    """How a sampled tree draws its children (:func:`sample_children`): the round's key, the sampling
+    temperature, and the kind (``without_replacement`` or ``top_plus_one``)."""
+
+    key: jax.Array
+    temperature: float
+    kind: str = "without_replacement"
+
+
+def next_level(spec: TreeSpec, level: int, scores_BxW: jax.Array, logp_BxWxV: jax.Array,
+               sample: DraftSample | None):
+    """Level ``level + 1`` from level ``level``'s cumulative scores and draft log-probs: beam search (the global
+    top-c of cumulative log-prob + child log-prob), or with ``sample`` the children of ``spec.branching`` drawn
+    from the draft. Returns local parent indices, tokens and cumulative draft log-probs, each ``[B, width]``."""
     if sample is None:
-        return logp_BxPxV
-    key, temperature = sample
-    noise = jax.random.gumbel(jax.random.fold_in(key, level), logp_BxPxV.shape, jnp.float32)
-    return logp_BxPxV / temperature + noise
+        return expand_level(scores_BxW, logp_BxWxV, spec.shape[level])
+    parents_Wn, tokens_BxWn = sample_children(logp_BxWxV, spec.branching[level],
+                                              jax.random.fold_in(sample.key, level), sample.temperature, sample.kind)
+    logp_BxWn = jnp.take_along_axis(logp_BxWxV[:, parents_Wn], tokens_BxWn[..., None], axis=-1)[..., 0]
+    return jnp.broadcast_to(parents_Wn, tokens_BxWn.shape), tokens_BxWn, scores_BxW[:, parents_Wn] + logp_BxWn
 
 
 def start_tree(spec: TreeSpec, ds: DraftSettings, root_B, logp_root_BxV, sample=None) -> TreeBuilder:
-    """The root and level 1: the draft's top-c1 tokens after the root (``sample``: see
-    :func:`proposal_log_probs`)."""
+    """The root and level 1 (:func:`next_level` of the root)."""
     c = ds.config
     B, N = root_B.shape[0], spec.num_nodes
     tree = Tree(tokens=jnp.zeros((B, N), jnp.int32).at[:, 0].set(root_B), parents=jnp.zeros((B, N), jnp.int32),
@@ -150,16 +237,14 @@ def start_tree(spec: TreeSpec, ds: DraftSettings, root_B, logp_root_BxV, sample=
     tree_k = jnp.zeros((B, N - 1, c.num_kv_heads, c.head_dim), ds.dtype)
     builder = TreeBuilder(tree=tree, scores=jnp.zeros((B, N), jnp.float32), tree_k=tree_k,
                           tree_v=jnp.zeros_like(tree_k))
-    first = expand_level(jnp.zeros((B, 1), jnp.float32), proposal_log_probs(logp_root_BxV[:, None], sample, 0),
-                         spec.shape[0])
+    first = next_level(spec, 0, jnp.zeros((B, 1), jnp.float32), logp_root_BxV[:, None], sample)
     return _add_level(spec, builder, 1, *first, parent_start=0)
 
 
 def grow_tree(spec: TreeSpec, ds: DraftSettings, weights: DraftWeights, target_params, cache: KVCache,
               ring: RingCache, builder: TreeBuilder, level: int, sample=None) -> TreeBuilder:
-    """Runs the draft on tree level ``level`` (all its nodes at once) and adds level ``level + 1``: the global
-    top-c of (cumulative log-prob + child log-prob) over all children of the level (``sample``: see
-    :func:`proposal_log_probs`)."""
+    """Runs the draft on tree level ``level`` (all its nodes at once) and adds level ``level + 1``
+    (:func:`next_level`)."""
     nodes = spec.level(level)
     tokens_BxW = builder.tree.tokens[:, nodes]
     positions_BxW = jnp.broadcast_to(cache.lengths[:, None] + level, tokens_BxW.shape)
@@ -170,15 +255,16 @@ def grow_tree(spec: TreeSpec, ds: DraftSettings, weights: DraftWeights, target_p
                                  builder.tree_v, builder.tree.mask[:, nodes, 1:])
     builder = builder.replace(tree=builder.tree.replace(
         draft_logp=builder.tree.draft_logp.at[:, nodes].set(logp_BxWxV)))
-    children = expand_level(builder.scores[:, nodes], proposal_log_probs(logp_BxWxV, sample, level),
-                            spec.shape[level])
+    children = next_level(spec, level, builder.scores[:, nodes], logp_BxWxV, sample)
     return _add_level(spec, builder, level + 1, *children, parent_start=nodes.start)
 
 
 def build_tree(spec: TreeSpec, ds: DraftSettings, weights: DraftWeights, target_params, cache: KVCache,
-               ring: RingCache, root_B, logp_root_BxV, sample=None) -> Tree:
-    """Dynamic beam search over ``spec.shape``; the draft runs once per level 1..depth-1. With ``sample = (key,
-    T)`` a chain's tokens are draws from the draft's softmax(logp / T) (:func:`proposal_log_probs`)."""
+               ring: RingCache, root_B, logp_root_BxV, sample: DraftSample | None = None) -> Tree:
+    """The round's tree over ``spec.shape``: beam search, or with ``sample`` a tree of ``spec.branching`` sampled
+    from the draft; the draft runs once per level 1..depth-1."""
+    if sample is not None and spec.branching is None:
+        raise ValueError(f"a sampled tree needs a static topology (TreeSpec.branching); tree_shape {spec.shape}")
     builder = start_tree(spec, ds, root_B, logp_root_BxV, sample)
     for level in range(1, spec.depth):
         builder = grow_tree(spec, ds, weights, target_params, cache, ring, builder, level, sample)
@@ -213,3 +299,32 @@ def accept(tree_tokens_BxN: jax.Array, parents_BxN: jax.Array, mask_BxNxN: jax.A
     path = jnp.where(jnp.any(by_depth, axis=-1), jnp.argmax(by_depth, axis=-1), last[:, None]).astype(jnp.int32)
     return Acceptance(path_BxA=path, count_B=count.astype(jnp.int32),
                       tokens_BxA=jnp.take_along_axis(choices_BxN, path, axis=1))
+
+
+RANK_SLOTS = 8  # sibling ranks told apart by rank_outcomes; the last slot pools it and every later rank
+
+
+def rank_outcomes(parents_BxN: jax.Array, path_BxA: jax.Array, count_B: jax.Array,
+                  depth: int) -> tuple[jax.Array, jax.Array]:
+    """What verification did at each depth of the accepted path, by sibling rank (children in node order):
+    ``tried[b, d, r]``: the node visited at depth d had a rank-r child and no lower-ranked child was accepted;
+    ``accepted[b, d, r]``: its rank-r child was accepted. Both ``[B, depth, RANK_SLOTS]`` int32. Their ratio
+    per (depth, rank) is the conditional acceptance rate that speculation profiles are made of."""
+    B, N = parents_BxN.shape
+    is_child_BxN = jnp.arange(N)[None] > 0
+    same_parent_BxNxN = (parents_BxN[:, :, None] == parents_BxN[:, None, :]) & is_child_BxN[:, None, :]
+    rank_BxN = jnp.sum(same_parent_BxNxN & (jnp.arange(N)[None, :] < jnp.arange(N)[:, None])[None], axis=-1)
+    num_children_BxN = jnp.sum((parents_BxN[:, None, :] == jnp.arange(N)[None, :, None]) & is_child_BxN[:, None, :],
+                               axis=-1)
+    d_D = jnp.arange(depth)
+    visited_BxD = d_D[None] < count_B[:, None]
+    node_BxD = path_BxA[:, :depth]
+    has_next_BxD = d_D[None] + 1 < count_B[:, None]
+    next_rank_BxD = jnp.take_along_axis(rank_BxN, path_BxA[:, 1:depth + 1], axis=1)
+    children_BxD = jnp.take_along_axis(num_children_BxN, node_BxD, axis=1)
+    r_R = jnp.arange(RANK_SLOTS)
+    last_tried_BxD = jnp.where(has_next_BxD, next_rank_BxD, children_BxD - 1)
+    tried = (visited_BxD[..., None] & (r_R < children_BxD[..., None])
+             & (r_R <= jnp.minimum(last_tried_BxD, RANK_SLOTS - 1)[..., None]))
+    accepted = (visited_BxD & has_next_BxD)[..., None] & (r_R == jnp.minimum(next_rank_BxD, RANK_SLOTS - 1)[..., None])
+    return tried.astype(jnp.int32), accepted.astype(jnp.int32)

@@ -1,4 +1,6 @@
-"""T > 0 losslessness: whole outputs of speculative sampling follow the target's own sampling distribution.
+"""T > 0 losslessness: whole outputs of speculative sampling follow the target's own sampling distribution, for
+trees of the draft's top-k beams (verified against the target's own draws) and for trees sampled from the draft
+(chains, small and 69-node trees, both sampling kinds; verified by recursive rejection sampling).
 
 Setup: a 4-token vocabulary, a ragged batch of two prompts (6 and 3 tokens), 8 new tokens with EOS inside the
 window, temperature and top-p < 1. Every output (8 tokens, or fewer ending at EOS) has an exact probability,
@@ -12,7 +14,8 @@ whole root-to-leaf path plus the bonus token; it is not the target, so rounds al
 test counts both). Two statistics must both pass: Pearson's chi-square over whole outputs and a rank-residual
 test (:func:`tests.exact_outputs.rank_residual_pvalue`). Mutated acceptance rules, injected through
 ``SpecSettings.acceptance``, must fail them: the exact rule with 2% of the target's draws at tree nodes replaced
-by its argmax, and the PyTorch reference's p/q rule.
+by its argmax, the PyTorch reference's p/q rule, and for sampled trees an acceptance ratio 2% too high and a
+walk that keeps p instead of the residual after a rejected child.
 """
 
 from __future__ import annotations
@@ -28,12 +31,13 @@ import pytest
 from infer import PromptLookup, generate
 from infer.decoding import StopCriteria
 from infer.generate import plan_speculative, run_speculative
-from infer.speculative import speculative_sampling_acceptance
+from infer.speculative import SpecSettings, sampled_tree_acceptance
 from longspec_jax.config import TargetConfig
 from longspec_jax.draft import Draft, DraftConfig, init_draft
+from longspec_jax.multidraft import multidraft_acceptance, rejection_step
 from longspec_jax.sampling import SamplingConfig, sampling_log_probs, select_tokens
 from longspec_jax.target import Target
-from longspec_jax.tree import accept
+from longspec_jax.tree import Tree, TreeSpec, accept
 from tests.exact_outputs import chi_square_pvalue, enumerate_outputs, impossible_outputs, rank_residual_pvalue
 
 VOCAB = 4
@@ -44,7 +48,8 @@ MODEL_SEED = 63
 PROMPTS = ([1, 3, 0, 2, 1, 2], [2, 0, 3])
 MAX_NEW = 8
 SAMPLES = 20480         # rows of one generate call, alternating between the prompts
-CAPACITY = 64           # KV cache slots: prompt + 8 tokens + a tree fit; generate()'s 512 run 3x slower here
+CAPACITY = 64           # KV cache slots, a multiple of this fitting prompt + 8 tokens + a tree (generate()'s 512
+                        # run 3x slower here)
 ALPHA = 1e-4            # the exact rule must score above this on both statistics, a mutant below on one
 ARGMAX_LEAK = 0.02
 
@@ -55,7 +60,7 @@ class Case:
     temperature: float
     top_p: float             # no reachable prefix has a nucleus cut within float32 rounding of it (asserted)
     min_full_rounds: float   # least share of rounds that accept a full root-to-leaf path plus the bonus token
-    draft_sampling: bool = False  # a sampled chain verified by speculative sampling (generate(draft_sampling=))
+    draft_sampling: bool | str = False  # a tree sampled from the draft (generate(draft_sampling=))
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -66,6 +71,12 @@ TREE = Case(tree=(3, 4, 4), temperature=1.0, top_p=0.925, min_full_rounds=0.1)
 TREE_SHARP = Case(tree=(3, 4, 4), temperature=0.7, top_p=0.9, min_full_rounds=0.1)
 CHAIN = Case(tree=(1, 1, 1), temperature=0.7, top_p=0.9, min_full_rounds=0.03)
 SAMPLED_CHAIN = Case(tree=(1, 1, 1), temperature=1.0, top_p=0.925, min_full_rounds=0.03, draft_sampling=True)
+SAMPLED_BINARY = Case(tree=(2, 2, 2), temperature=1.0, top_p=0.925, min_full_rounds=0.03, draft_sampling=True)
+SAMPLED_WIDE = Case(tree=(4, 4), temperature=0.7, top_p=1.0, min_full_rounds=0.1, draft_sampling=True)
+SAMPLED_69 = Case(tree=(4, 16, 16, 16, 16), temperature=1.0, top_p=0.925, min_full_rounds=0.01, draft_sampling=True)
+SAMPLED_69_SHARP = Case(tree=(4, 16, 16, 16, 16), temperature=0.7, top_p=0.9, min_full_rounds=0.01,
+                        draft_sampling=True)
+TOP_PLUS_ONE = Case(tree=(3, 4, 4), temperature=1.0, top_p=0.925, min_full_rounds=0.03, draft_sampling="top_plus_one")
 
 
 def _target() -> Target:
@@ -146,9 +157,9 @@ def _speculative(case: Case, acceptance=None, seed: int = 0):
     target, draft = _models()
     settings = plan_speculative(target, draft, max(map(len, PROMPTS)), MAX_NEW, case.sampling, case.tree, 512,
                                 "xla", case.draft_sampling)
-    assert settings.base.prompt_len + settings.base.out_len + settings.tree.num_nodes <= CAPACITY
+    needed = settings.base.prompt_len + settings.base.out_len + settings.tree.num_nodes
     settings = dataclasses.replace(settings, acceptance=acceptance or settings.acceptance,
-                                   base=dataclasses.replace(settings.base, capacity=CAPACITY))
+                                   base=dataclasses.replace(settings.base, capacity=-(-needed // CAPACITY) * CAPACITY))
     return run_speculative(settings, target, draft, _rows(), MAX_NEW, StopCriteria.make(MAX_NEW, [EOS]), seed)
 
 
@@ -203,18 +214,47 @@ def reference_pq_acceptance(tree, target_logits_BxNxV, key, settings):
     return dataclasses.replace(walk, tokens_BxA=tokens)
 
 
-def residual_skipped_acceptance(tree, target_logits_BxNxV, key, settings):
-    """Mutant of :func:`infer.speculative.speculative_sampling_acceptance`: at a rejection it draws from p
-    itself instead of the residual max(p - q, 0), which over-weights the rejected draft token."""
-    exact = speculative_sampling_acceptance(tree, target_logits_BxNxV, key, settings)
-    from_p_BxN = select_tokens(target_logits_BxNxV, jax.random.fold_in(key, 1), settings.base.sampling)
-    from_p_B = jnp.take_along_axis(from_p_BxN, exact.path_BxA[:, -1:], axis=1)  # the node the round ends at
-    last_BxA = jnp.arange(exact.tokens_BxA.shape[1])[None] == (exact.count_B - 1)[:, None]
-    return dataclasses.replace(exact, tokens_BxA=jnp.where(last_BxA, from_p_B, exact.tokens_BxA))
+def _sampled_mutant(step):
+    """A sampled-tree acceptance rule whose child trials are ``step`` instead of the exact one."""
+    def acceptance(tree, target_logits_BxNxV, key, settings):
+        return multidraft_acceptance(tree, target_logits_BxNxV, key, settings.tree, settings.base.sampling,
+                                     settings.draft_sampling, step=step)
+    return acceptance
+
+
+def _ratio_biased_step(p_BxV, logq_BxV, excluded_BxV, token_B, live_B, deterministic_B, u_B):
+    """Accepts with probability min(1, 1.02 p / q): a 2% bias in the acceptance ratio."""
+    return rejection_step(p_BxV, logq_BxV, excluded_BxV, token_B, live_B, deterministic_B, u_B / 1.02)
+
+
+def _residual_skipped_step(p_BxV, logq_BxV, excluded_BxV, token_B, live_B, deterministic_B, u_B):
+    """Keeps p after a rejected child, where the residual max(p - q, 0) should replace it: the next sibling and the
+    draw after the last one see the rejected children's mass again."""
+    accepted_B, _, excluded_BxV = rejection_step(p_BxV, logq_BxV, excluded_BxV, token_B, live_B, deterministic_B, u_B)
+    return accepted_B, p_BxV, excluded_BxV
+
+
+ratio_biased_acceptance = _sampled_mutant(_ratio_biased_step)
+residual_skipped_acceptance = _sampled_mutant(_residual_skipped_step)
+
+
+def _stoppable(case: Case) -> np.ndarray:
+    """The depths a round can stop at: those with a node that does not hold every token as a child (a sampled
+    tree whose node has all V tokens as children always accepts one)."""
+    target, draft = _models()
+    spec = plan_speculative(target, draft, 4, 2, case.sampling, case.tree, 512, "xla", case.draft_sampling).tree
+    if spec.branching is None:
+        return np.arange(spec.depth)
+    return np.asarray([d for d, counts in enumerate(spec.branching) if min(counts) < VOCAB])
 
 
 CASES = [pytest.param(TREE, id="tree-T1-top_p0.925"),
-         pytest.param(SAMPLED_CHAIN, id="sampled-chain-T1-top_p0.925"),
+         pytest.param(SAMPLED_BINARY, id="sampled-2,2,2-T1-top_p0.925"),
+         pytest.param(SAMPLED_69, id="sampled-69-T1-top_p0.925", marks=pytest.mark.slow),
+         pytest.param(SAMPLED_CHAIN, id="sampled-chain-T1-top_p0.925", marks=pytest.mark.slow),
+         pytest.param(SAMPLED_WIDE, id="sampled-4,4-T0.7", marks=pytest.mark.slow),
+         pytest.param(SAMPLED_69_SHARP, id="sampled-69-T0.7-top_p0.9", marks=pytest.mark.slow),
+         pytest.param(TOP_PLUS_ONE, id="top-plus-one-3,4,4-T1-top_p0.925", marks=pytest.mark.slow),
          pytest.param(TREE_SHARP, id="tree-T0.7-top_p0.9", marks=pytest.mark.slow),
          pytest.param(CHAIN, id="chain-T0.7-top_p0.9", marks=pytest.mark.slow)]
 
@@ -230,7 +270,7 @@ def test_speculative_sampling_matches_exact_output_distribution(case):
     rounds_by_emitted = out.accept_counts.sum(axis=0)    # [depth + 1]: rounds that emitted 1 .. depth + 1 tokens
     share = rounds_by_emitted / rounds_by_emitted.sum()
     assert share[-1] >= case.min_full_rounds, f"full depth + bonus in only {share[-1]:.1%} of rounds"
-    assert share[:-1].min() >= 0.005, f"rounds by tokens emitted: {share}"   # rejections at every depth
+    assert share[_stoppable(case)].min() >= 0.005, f"rounds by tokens emitted: {share}"  # rejections at each depth
     assert out.num_rounds[out.num_generated == MAX_NEW].min() >= 2   # prefill token + at most depth + 1 a round
     assert np.mean([x[-1] == EOS for x in sum(samples, [])]) >= 0.1  # EOS inside the window
     for s, e in zip(samples, exact):
@@ -251,37 +291,58 @@ def test_plain_sampling_matches_exact_output_distribution():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case, mutant", [(TREE, argmax_leak_acceptance), (TREE, reference_pq_acceptance),
-                                          (SAMPLED_CHAIN, residual_skipped_acceptance)],
-                         ids=["argmax-2%", "reference-pq", "sampled-chain-residual-skipped"])
+                                          (SAMPLED_CHAIN, residual_skipped_acceptance),
+                                          (SAMPLED_BINARY, residual_skipped_acceptance),
+                                          (SAMPLED_69, ratio_biased_acceptance)],
+                         ids=["argmax-2%", "reference-pq", "sampled-chain-residual-skipped",
+                              "sampled-2,2,2-residual-skipped", "sampled-69-ratio-2%"])
 def test_mutant_acceptance_fails(case, mutant):
-    """The test fails a slightly (2% argmax) or structurally (p/q) biased rule on the default tree, and a sampled
-    chain that draws from p instead of the residual at a rejection. Over seeds 0-4 (2026-11-30): the argmax
-    mutant's rank-residual p-value 7e-8 .. 7e-18 (its chi-square 0.02 .. 0.9: too thin a signal for it), the
-    p/q rule's both 0.0 (underflow)."""
+    """The test fails a slightly (2% argmax) or structurally (p/q) biased rule on the default tree, sampled trees
+    that keep p instead of the residual after a rejection, and a sampled tree whose acceptance ratio is 2% too
+    high. The argmax mutant's rank-residual p-value was 7e-8 .. 7e-18 over seeds 0-4 (its chi-square 0.02 .. 0.9:
+    too thin a signal for it), the p/q rule's both 0.0 (underflow)."""
     pvalues = _pvalues(_outputs_by_prompt(_speculative(case, mutant)), _exact(case))
     assert min(pvalues.values()) < ALPHA, pvalues
 
 
-def test_speculative_sampling_acceptance_by_hand():
+def test_sampled_chain_acceptance_by_hand():
     """Row 0: the draft's q equals the target's p, so min(1, p/q) = 1 accepts the whole chain and the bonus comes
     from p after its last node. Row 1: the first drafted token has p = 0, so it is rejected and the emitted token
     comes from the residual max(p - q, 0), which is zero wherever q >= p."""
-    from infer.speculative import SpecSettings
-    from longspec_jax.tree import Tree, TreeSpec
-
     logits_NxV = jnp.log(jnp.asarray([[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25], [0.0, 0.0, 0.0, 1.0]]))
     logits_BxNxV = jnp.stack([logits_NxV, logits_NxV.at[0, 2].set(-jnp.inf)])
     draft_logp_BxNxV = jnp.stack([logits_NxV, jnp.log(jnp.asarray([[0.2, 0.0, 0.2, 0.6]] * 3))])
     tree = Tree(tokens=jnp.asarray([[0, 2, 1], [0, 2, 1]]), parents=jnp.asarray([[0, 0, 1]] * 2),
                 mask=jnp.broadcast_to(jnp.tril(jnp.ones((3, 3), bool)), (2, 3, 3)), draft_logp=draft_logp_BxNxV)
-    settings = SpecSettings(base=_base_settings(SamplingConfig(temperature=1.0)), tree=TreeSpec((1, 1)),
-                            draft=None, draft_sampling=True)
+    settings = SpecSettings(base=_base_settings(SamplingConfig(temperature=1.0)),
+                            tree=TreeSpec((1, 1)).with_branching(((1,), (1,))), draft=None,
+                            draft_sampling="without_replacement")
     for seed in range(20):
-        out = speculative_sampling_acceptance(tree, logits_BxNxV, jax.random.PRNGKey(seed), settings)
+        out = sampled_tree_acceptance(tree, logits_BxNxV, jax.random.PRNGKey(seed), settings)
         assert out.count_B.tolist() == [3, 1]
         assert out.tokens_BxA[0].tolist() == [2, 1, 3] and out.path_BxA[0].tolist() == [0, 1, 2]
         # row 1 after the root: p = (0.1, 0.2, 0, 0.4) / 0.7 against q = (0.2, 0, 0.2, 0.6): residual on token 1
         assert int(out.tokens_BxA[1, 0]) == 1 and out.path_BxA[1].tolist() == [0, 0, 0]
+
+
+def test_rejected_siblings_leave_the_residual():
+    """A root with two sampled children: the first (token 0) has p = 0 and is rejected; the second (token 1) was
+    drawn from q without token 0, i.e. with certainty, and is accepted with probability p(1) / 1 = 0.5. When it is
+    rejected too, the draw comes from the residual, which has no mass on tokens 0 and 1: always token 2."""
+    p_V = jnp.asarray([0.0, 0.5, 0.5, 0.0])
+    q_V = jnp.asarray([0.9, 0.1, 0.0, 0.0])
+    tree = Tree(tokens=jnp.asarray([[3, 0, 1]]), parents=jnp.asarray([[0, 0, 0]]),
+                mask=jnp.asarray([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]], bool),
+                draft_logp=jnp.log(jnp.stack([q_V, q_V, q_V]))[None])
+    spec = TreeSpec((2,)).with_branching(((2,),))
+    counts = {1: 0, 2: 0}
+    for seed in range(200):
+        out = multidraft_acceptance(tree, jnp.log(jnp.stack([p_V] * 3))[None], jax.random.PRNGKey(seed), spec,
+                                    SamplingConfig(temperature=1.0), "without_replacement")
+        first = int(out.tokens_BxA[0, 0])
+        assert first in (1, 2) and (first == 1) == (int(out.count_B[0]) == 2)
+        counts[first] += 1
+    assert 70 < counts[1] < 130, counts
 
 
 def _base_settings(sampling):
@@ -289,13 +350,13 @@ def _base_settings(sampling):
     return plan_speculative(target, draft, 4, 2, sampling, (1, 1), 512, "xla").base
 
 
-@pytest.mark.parametrize("temperature, shape, words", [(0.0, (1, 1), "draft_sampling needs temperature > 0"),
-                                                       (1.0, (1, 2), r"needs a chain tree_shape .* got \(1, 2\)")])
-def test_draft_sampling_needs_a_chain_and_a_temperature(temperature, shape, words):
+@pytest.mark.parametrize("temperature, sampling, words", [(0.0, True, "draft_sampling needs temperature > 0"),
+                                                          (1.0, "often", "draft_sampling must be None, True")])
+def test_draft_sampling_needs_a_temperature_and_a_known_kind(temperature, sampling, words):
     target, draft = _models()
     with pytest.raises(ValueError, match=words):
-        generate(target, [PROMPTS[0]], draft=draft, max_new_tokens=2, temperature=temperature, tree_shape=shape,
-                 draft_sampling=True)
+        generate(target, [PROMPTS[0]], draft=draft, max_new_tokens=2, temperature=temperature, tree_shape=(1, 2),
+                 draft_sampling=sampling)
 
 
 @pytest.mark.parametrize("lookup", [False, True])
