@@ -16,12 +16,13 @@ import numpy as np
 from infer.decoding import DecodeSettings, StopCriteria
 from infer.lookup import LookupSettings, PromptLookup, lookup_generate
 from infer.plain import plain_generate
-from infer.speculative import (SPECULATIVE_OPTIONS, SpecSettings, speculative_generate,
-                               speculative_sampling_acceptance)
+from infer.speculation import Speculation, choose, sampling_kind
+from infer.speculative import SPECULATIVE_OPTIONS, SpecSettings, sampled_tree_acceptance, speculative_generate
 from longspec_jax.attention import resolve_impl
 from longspec_jax.draft import Draft
 from longspec_jax.mesh import DATA
 from longspec_jax.sampling import SamplingConfig
+from longspec_jax.speculation_profile import DEFAULT_PROFILE, MAX_CHILDREN, allocate_branching
 from longspec_jax.target import Target
 from longspec_jax.tensor_parallel import shard_draft
 from longspec_jax.tree import TreeSpec
@@ -38,6 +39,9 @@ class GenerateOutput:
     num_rounds: np.ndarray     # int32 [B]: target forward passes after prefill
     mean_accepted: float       # tau = tokens generated / (rounds + 1), over the batch
     accept_counts: np.ndarray | None = None  # speculative: [B, depth + 1] rounds that emitted j + 1 tokens
+    speculation: Speculation | None = None   # with a draft: the tree and sampling used, and why
+    rank_tried: np.ndarray | None = None     # speculative: [depth, ranks] children tried, by depth and sibling rank
+    rank_accepted: np.ndarray | None = None  # speculative: [depth, ranks] children accepted
 
     def texts(self, tokenizer) -> list[str]:
         return [tokenizer.decode(row[:n].tolist()) for row, n in zip(self.tokens, self.num_generated)]
@@ -90,7 +94,7 @@ def plan_shapes(max_prompt: int, max_new_tokens: int, slack: int, prefill_chunk:
 REPRODUCIBLE_OPTIONS = {"xla_gpu_autotune_level": 0, "xla_gpu_enable_triton_gemm": False}
 
 
-def _plain(params, tokens, lengths, stop, key, settings, on_tokens=None):
+def _plain_loop(params, tokens, lengths, stop, key, settings, on_tokens=None):
     return plain_generate(params, settings, tokens, lengths, stop, key, on_tokens)
 
 
@@ -102,7 +106,7 @@ def _lookup(target_params, tokens, lengths, stop, key, settings):
     return lookup_generate(settings, target_params, tokens, lengths, stop, key)
 
 
-_LOOPS = {"plain": (_plain, ("settings", "on_tokens")), "speculative": (_speculative, ("settings",)),
+_LOOPS = {"plain": (_plain_loop, ("settings", "on_tokens")), "speculative": (_speculative, ("settings",)),
           "lookup": (_lookup, ("settings",))}
 
 
@@ -168,13 +172,24 @@ def _replay(out: "GenerateOutput", on_tokens) -> None:
 
 
 def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, temperature: float = 0.0,
-             top_p: float = 1.0, tree_shape: tuple[int, ...] = (4, 16, 16, 16, 16), eos_token_id=None,
+             top_p: float = 1.0, tree_shape: tuple[int, ...] | None = None, eos_token_id=None,
              seed: int = 0, *, max_context: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
              attention: str = "auto", on_tokens=None, reproducible: bool = True,
-             pad_prompts_to: int | None = None, draft_sampling: bool = False) -> GenerateOutput:
+             pad_prompts_to: int | None = None, draft_sampling: bool | str | None = None) -> GenerateOutput:
     """Generates up to ``max_new_tokens`` per prompt; speculative when a ``draft`` is given: a LongSpec
-    :class:`~longspec_jax.draft.Draft` (tree of ``tree_shape``) or :class:`infer.lookup.PromptLookup` (n-gram
-    chains from prompt + output; ``tree_shape`` unused).
+    :class:`~longspec_jax.draft.Draft` or :class:`infer.lookup.PromptLookup` (n-gram chains from prompt +
+    output; ``tree_shape`` unused).
+
+    With a LongSpec draft, ``generate`` chooses how to speculate unless told: the tree's shape and whether the
+    draft samples it, from the temperature, the batch, the context length and the draft's measured acceptance
+    (its ``speculation_profile.json``), or plain decoding where no tree is predicted to pay;
+    ``out.speculation`` says what it chose and why (:mod:`infer.speculation`). Overrides: ``tree_shape``
+    (level widths, e.g. ``(4, 16, 16, 16, 16)`` or the chain ``(1, 1, 1, 1)``) and ``draft_sampling``:
+    ``False`` for the draft's top-k beams (children verified against the target's own choice at each node),
+    ``True`` (or ``"without_replacement"``) for children sampled from the draft without replacement, or
+    ``"top_plus_one"`` for its top tokens and one sampled child, at T > 0 verified by recursive rejection
+    sampling (:mod:`longspec_jax.multidraft`). Every choice is lossless: greedy output equals plain decoding,
+    and sampled output follows the target's own distribution.
 
     ``eos_token_id``: an id or list of ids; ``None`` uses the target's own (from its config), ``[]`` disables
     stopping. ``max_context`` bounds prompt + new tokens (default: the target's max_position_embeddings).
@@ -190,11 +205,6 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
     ``reproducible``: compile with :data:`REPRODUCIBLE_OPTIONS`, so that every process gives the same tokens on
     the same GPU model and software stack; ``False`` lets XLA autotune kernels by timing them. The speculative
     loop adds :data:`infer.speculative.SPECULATIVE_OPTIONS` either way.
-    ``draft_sampling`` (T > 0, a chain ``tree_shape`` such as ``(1, 1, 1, 1)``): the draft samples its chain
-    from its own tempered distribution q and the target accepts each token with probability min(1, p / q),
-    drawing from the residual at the first rejection (speculative sampling): as exact as the default (a
-    deterministic chain, accepted where the target's own draw matches), and more tokens per round where the
-    draft's distribution is close to the target's.
     A target with a ``mesh`` (``load_target(path, mesh=...)``) decodes sharded over it, the draft placed the
     same way; the batch must split over the mesh's ``data`` axis.
     """
@@ -218,8 +228,9 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
         longest = max(longest, int(pad_prompts_to))
     if on_tokens is not None and not callable(on_tokens):
         raise ValueError(f"on_tokens must be callable or None, got {type(on_tokens).__name__}")
+    draft_sampling = sampling_kind(draft_sampling)
     if draft_sampling and not isinstance(draft, Draft):
-        raise ValueError(f"draft_sampling needs a LongSpec Draft to sample the chain from, got "
+        raise ValueError(f"draft_sampling needs a LongSpec Draft to sample the tree from, got "
                          f"{'no draft' if draft is None else type(draft).__name__}")
     if target.mesh is not None:
         if len(prompts) % target.mesh.shape[DATA]:
@@ -227,20 +238,36 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
                              f"{target.mesh.shape[DATA]} devices")
         if isinstance(draft, Draft):
             draft = shard_draft(draft, target.mesh)
+    speculation = None
     if isinstance(draft, PromptLookup):
         settings = plan_lookup(target, draft, longest, max_new_tokens, sampling, prefill_chunk,
                                resolve_impl(attention))
         out = run_lookup(settings, target, prompts, max_new_tokens, stop, seed, reproducible)
     elif draft is not None:
-        settings = plan_speculative(target, draft, longest, max_new_tokens, sampling, tree_shape, prefill_chunk,
-                                    resolve_impl(attention), draft_sampling)
-        out = run_speculative(settings, target, draft, prompts, max_new_tokens, stop, seed, reproducible)
+        speculation = choose(config, draft.profile, sampling, len(prompts), longest + max_new_tokens // 2,
+                             tree_shape, draft_sampling, param_bytes=jnp.dtype(target.dtype).itemsize)
+        if speculation.tree_shape is None:
+            draft = None
+        else:
+            settings = plan_speculative(target, draft, longest, max_new_tokens, sampling, speculation.tree_shape,
+                                        prefill_chunk, resolve_impl(attention), speculation.draft_sampling or False)
+            out = run_speculative(settings, target, draft, prompts, max_new_tokens, stop, seed, reproducible)
+            out.speculation = dataclasses.replace(speculation, branching=settings.tree.branching)
     if draft is not None:
         if on_tokens is not None:
             _replay(out, on_tokens)
         return out
+    out = _plain(target, prompts, longest, max_new_tokens, sampling, stop, seed, prefill_chunk, attention,
+                 on_tokens, reproducible)
+    out.speculation = speculation
+    return out
+
+
+def _plain(target, prompts, longest: int, max_new_tokens: int, sampling, stop, seed: int, prefill_chunk: int,
+           attention: str, on_tokens, reproducible: bool) -> GenerateOutput:
+    """Plain decoding: one compiled loop, streaming to ``on_tokens`` where given."""
     padded, chunk, out_len, capacity = plan_shapes(longest, max_new_tokens, 1, prefill_chunk)
-    settings = DecodeSettings(config=config, sampling=sampling, capacity=capacity, prefill_chunk=chunk,
+    settings = DecodeSettings(config=target.config, sampling=sampling, capacity=capacity, prefill_chunk=chunk,
                               out_len=out_len, prompt_len=padded, impl=resolve_impl(attention))
     tokens, lengths = pad_prompts(prompts, padded)
     if on_tokens is None:
@@ -276,8 +303,10 @@ def to_output(progress, max_new_tokens: int) -> GenerateOutput:
 
 
 def plan_speculative(target, draft: Draft, longest_prompt: int, max_new_tokens: int, sampling, tree_shape,
-                     prefill_chunk: int, impl: str, draft_sampling: bool = False) -> SpecSettings:
-    """Checks that the draft fits the target and plans the static shapes of one speculative generate call."""
+                     prefill_chunk: int, impl: str, draft_sampling: bool | str = False) -> SpecSettings:
+    """Checks that the draft fits the target and plans the static shapes of one speculative generate call: a tree
+    of level widths ``tree_shape``, beams (``draft_sampling`` false) or sampled from the draft (``True`` or a
+    kind), its topology then shared among parents by :func:`allocate_branching` under the draft's profile."""
     if not isinstance(draft, Draft):
         raise ValueError(f"draft must be a longspec_jax Draft (see load_draft) or an infer.PromptLookup, "
                          f"got {type(draft).__name__}")
@@ -289,23 +318,21 @@ def plan_speculative(target, draft: Draft, longest_prompt: int, max_new_tokens: 
                          f"{dc.head_dim}) does not match the target (hidden {config.hidden_size}, heads "
                          f"{config.num_heads}/{config.num_kv_heads}, head_dim {config.head_dim})")
     spec = TreeSpec.parse(tree_shape, config.vocab_size)
+    kind = sampling_kind(draft_sampling) or None
+    if kind:
+        if sampling.greedy:
+            raise ValueError("draft_sampling needs temperature > 0 (greedy decoding verifies the draft's top-k "
+                             "beams)")
+        table = (draft.profile or DEFAULT_PROFILE).table(kind, sampling.temperature)
+        spec = spec.with_branching(allocate_branching(spec.shape, table, min(MAX_CHILDREN, config.vocab_size)))
     padded, chunk, out_len, capacity = plan_shapes(longest_prompt, max_new_tokens,
                                                    spec.num_nodes + spec.max_accept, prefill_chunk)
     base = DecodeSettings(config=config, sampling=sampling, capacity=capacity, prefill_chunk=chunk,
                           out_len=out_len, prompt_len=padded, impl=impl)
     settings = SpecSettings(base=base, tree=spec, draft=draft.settings(impl))
-    if not draft_sampling:
+    if not kind:
         return settings
-    check_draft_sampling(sampling, spec.shape)
-    return dataclasses.replace(settings, acceptance=speculative_sampling_acceptance, draft_sampling=True)
-
-
-def check_draft_sampling(sampling: SamplingConfig, tree_shape: tuple[int, ...]) -> None:
-    """Raises ``ValueError`` where ``draft_sampling`` cannot run: greedy decoding, or a tree that is no chain."""
-    if sampling.greedy:
-        raise ValueError("draft_sampling needs temperature > 0 (greedy decoding verifies the draft's argmax chain)")
-    if set(tree_shape) != {1}:
-        raise ValueError(f"draft_sampling needs a chain tree_shape (every width 1), got {tree_shape}")
+    return dataclasses.replace(settings, acceptance=sampled_tree_acceptance, draft_sampling=kind)
 
 
 def run_speculative(settings: SpecSettings, target, draft: Draft, prompts, max_new_tokens: int, stop,
@@ -325,6 +352,8 @@ def _run_rounds(loop: str, settings, target, extra: tuple, prompts, max_new_toke
                            jax.random.PRNGKey(seed), settings=settings)
     out = to_output(state.progress, max_new_tokens)
     out.accept_counts = np.asarray(state.accept_counts)
+    if hasattr(state, "rank_tried"):
+        out.rank_tried, out.rank_accepted = np.asarray(state.rank_tried), np.asarray(state.rank_accepted)
     return out
 
 

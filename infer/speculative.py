@@ -19,9 +19,10 @@ from flax import struct
 from infer.decoding import DecodeSettings, Progress, StopCriteria, prefill_and_first_token
 from longspec_jax.draft import DraftSettings, DraftWeights, draft_prefill, draft_root
 from longspec_jax.kv_cache import KVCache, RingCache, TreeKV, commit
-from longspec_jax.sampling import sampling_log_probs, select_tokens
+from longspec_jax.multidraft import multidraft_acceptance
+from longspec_jax.sampling import select_tokens
 from longspec_jax.target import forward_tree, lm_head_logits
-from longspec_jax.tree import Acceptance, Tree, TreeSpec, accept, build_tree
+from longspec_jax.tree import RANK_SLOTS, Acceptance, DraftSample, Tree, TreeSpec, accept, build_tree, rank_outcomes
 
 # XLA options the speculative loop is compiled with (by generate(), reproducible or not, and by the benchmarks):
 # inside a command buffer, kernels that do not depend on each other may run at the same time, where XLA's default
@@ -38,31 +39,11 @@ def exact_acceptance(tree: Tree, target_logits_BxNxV, key, settings: "SpecSettin
     return accept(tree.tokens, tree.parents, tree.mask, choices_BxN, settings.tree)
 
 
-def speculative_sampling_acceptance(tree: Tree, target_logits_BxNxV, key, settings: "SpecSettings") -> Acceptance:
-    """Speculative sampling along a sampled chain (Leviathan et al. 2023; Chen et al. 2023): chain node k + 1 was
-    drawn from the draft's q_k = softmax(draft_logp_k / T), T the sampling temperature; it is accepted with
-    probability min(1, p_k / q_k), where p_k is the target's sampling distribution after node k; the first
-    rejected node emits a draw from the residual max(p_k - q_k, 0), renormalised, and a fully accepted chain a
-    draw from p at its end. Every emitted token is then an exact draw from p given its prefix."""
-    N = target_logits_BxNxV.shape[1]
-    logp_BxNxV = sampling_log_probs(target_logits_BxNxV, settings.base.sampling)
-    logq_BxDxV = jax.nn.log_softmax(tree.draft_logp[:, :-1] / settings.base.sampling.temperature, axis=-1)
-    drafted_BxD = tree.tokens[:, 1:]
-    lp_BxD = jnp.take_along_axis(logp_BxNxV[:, :-1], drafted_BxD[..., None], axis=-1)[..., 0]
-    lq_BxD = jnp.take_along_axis(logq_BxDxV, drafted_BxD[..., None], axis=-1)[..., 0]
-    k_accept, k_residual = jax.random.split(key)
-    ok_BxD = jax.random.uniform(k_accept, lp_BxD.shape) < jnp.exp(lp_BxD - lq_BxD)
-    accepted_B = jnp.sum(jnp.cumprod(ok_BxD, axis=1), axis=1).astype(jnp.int32)
-    q_BxNxV = jnp.pad(jnp.exp(logq_BxDxV), ((0, 0), (0, 1), (0, 0)))  # no draft after the last node: p itself
-    residual = jnp.maximum(jnp.exp(logp_BxNxV) - q_BxNxV, 0.0)
-    log_residual = jnp.where(jnp.sum(residual, -1, keepdims=True) > 0, jnp.log(residual), logp_BxNxV)
-    bonus_B = jnp.take_along_axis(jax.random.categorical(k_residual, log_residual, axis=-1), accepted_B[:, None],
-                                  axis=1)[:, 0].astype(jnp.int32)
-    steps_A = jnp.arange(settings.tree.max_accept)
-    path_BxA = jnp.minimum(steps_A[None], accepted_B[:, None]).astype(jnp.int32)
-    next_BxA = jnp.take_along_axis(tree.tokens, jnp.minimum(path_BxA + 1, N - 1), axis=1)
-    tokens_BxA = jnp.where(steps_A[None] < accepted_B[:, None], next_BxA, bonus_B[:, None])
-    return Acceptance(path_BxA=path_BxA, count_B=accepted_B + 1, tokens_BxA=tokens_BxA)
+def sampled_tree_acceptance(tree: Tree, target_logits_BxNxV, key, settings: "SpecSettings") -> Acceptance:
+    """Recursive rejection sampling down a tree sampled from the draft
+    (:func:`longspec_jax.multidraft.multidraft_acceptance`): lossless for any draft."""
+    return multidraft_acceptance(tree, target_logits_BxNxV, key, settings.tree, settings.base.sampling,
+                                 settings.draft_sampling)
 
 
 # Verification runs the tree padded to a multiple of this many nodes (:func:`pad_tree_nodes`): XLA pads the rows of
@@ -74,14 +55,15 @@ VERIFY_NODE_MULTIPLE = 8
 @dataclasses.dataclass(frozen=True)
 class SpecSettings:
     """Everything static about one compiled speculative generate call (a jit cache key). ``draft_sampling``: the
-    draft samples its chain at the sampling temperature (:func:`longspec_jax.tree.proposal_log_probs`), for
-    :func:`speculative_sampling_acceptance`; otherwise its children are deterministic top-k beams."""
+    kind of tree sampled from the draft at the sampling temperature (:class:`longspec_jax.tree.DraftSample`;
+    ``tree.branching`` is its topology), verified by :func:`sampled_tree_acceptance`; ``None``: the children are
+    deterministic top-k beams."""
 
     base: DecodeSettings
     tree: TreeSpec
     draft: DraftSettings
     acceptance: Callable = exact_acceptance  # (tree, target_logits, key, settings) -> Acceptance
-    draft_sampling: bool = False
+    draft_sampling: str | None = None
     verify_node_multiple: int = VERIFY_NODE_MULTIPLE  # 1: verify the tree as it is
 
     def __post_init__(self):
@@ -97,6 +79,8 @@ class SpecState:
     num_pending: jax.Array    # [B] int32
     progress: Progress
     accept_counts: jax.Array  # [B, A] int32: rounds that emitted j + 1 tokens
+    rank_tried: jax.Array     # [D, RANK_SLOTS] int32: children tried at each depth, by sibling rank (rank_outcomes)
+    rank_accepted: jax.Array  # [D, RANK_SLOTS] int32: children accepted
     key: jax.Array
 
 
@@ -149,7 +133,7 @@ def spec_round(settings: SpecSettings, target_params, weights: DraftWeights, sto
     sample = None
     if settings.draft_sampling:
         verify_key, draft_key = jax.random.split(verify_key)
-        sample = (draft_key, settings.base.sampling.temperature)
+        sample = DraftSample(draft_key, settings.base.sampling.temperature, settings.draft_sampling)
     logp_root_BxV, ring = draft_root(settings.draft, weights, target_params, state.cache, state.ring,
                                      state.pending, state.num_pending)
     root_B = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)[:, 0]
@@ -159,11 +143,14 @@ def spec_round(settings: SpecSettings, target_params, weights: DraftWeights, sto
     accepted, cache = verify_and_commit(settings, target_params, state.cache, tree, verify_key, active_B,
                                         settings.acceptance)
     progress = state.progress.emit(accepted.tokens_BxA, accepted.count_B, stop)
+    tried_BxDxR, accepted_BxDxR = rank_outcomes(tree.parents, accepted.path_BxA, accepted.count_B, settings.tree.depth)
+    active_Bx1x1 = active_B[:, None, None]
     return SpecState(cache=cache, ring=ring,
                      pending=jnp.where(active_B[:, None], accepted.tokens_BxA, state.pending),
                      num_pending=jnp.where(active_B, accepted.count_B, state.num_pending),
                      progress=progress, accept_counts=tally_accepted(state.accept_counts, accepted.count_B, active_B),
-                     key=key)
+                     rank_tried=state.rank_tried + jnp.sum(tried_BxDxR * active_Bx1x1, axis=0),
+                     rank_accepted=state.rank_accepted + jnp.sum(accepted_BxDxR * active_Bx1x1, axis=0), key=key)
 
 
 def speculative_start(settings: SpecSettings, target_params, weights: DraftWeights, tokens_BxT, prompt_lengths_B,
@@ -175,7 +162,9 @@ def speculative_start(settings: SpecSettings, target_params, weights: DraftWeigh
     return SpecState(cache=cache, ring=ring, pending=jnp.zeros((B, A), jnp.int32).at[:, 0].set(first_B),
                      num_pending=jnp.ones((B,), jnp.int32),
                      progress=Progress.start(first_B, settings.base.out_len, stop),
-                     accept_counts=jnp.zeros((B, A), jnp.int32), key=key)
+                     accept_counts=jnp.zeros((B, A), jnp.int32),
+                     rank_tried=jnp.zeros((settings.tree.depth, RANK_SLOTS), jnp.int32),
+                     rank_accepted=jnp.zeros((settings.tree.depth, RANK_SLOTS), jnp.int32), key=key)
 
 
 def speculative_loop(settings: SpecSettings, target_params, weights: DraftWeights, stop: StopCriteria,

@@ -182,7 +182,9 @@ class Draft:
     before the tree search (oracle or perturbed drafts for testing and analysis; ``None`` for real use).
     ``hook_data`` is a pytree passed to it as traced data, so new data does not recompile.
     ``target_hf_config`` is the HF ``config.json`` dict of the target it belongs to (set by ``load_draft``);
-    ``save_draft`` writes it as the exported draft's ``config.json``.
+    ``save_draft`` writes it as the exported draft's ``config.json``. ``profile`` is the draft's measured
+    acceptance (a :class:`longspec_jax.speculation_profile.SpeculationProfile`, stored beside its weights), from
+    which ``generate`` chooses how to speculate; ``None``: default rates.
     """
 
     config: DraftConfig
@@ -190,6 +192,7 @@ class Draft:
     logits_hook: Callable | None = None
     hook_data: Any = None
     target_hf_config: dict | None = dataclasses.field(default=None, repr=False)
+    profile: Any = dataclasses.field(default=None, repr=False)
 
     @property
     def module(self) -> DraftLayer:

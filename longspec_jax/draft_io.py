@@ -28,6 +28,7 @@ from longspec_jax.config import RopeConfig, TargetConfig, read_json_object
 from longspec_jax.draft import DEFAULT_WINDOW, Draft, DraftConfig
 from longspec_jax.errors import ConfigError, WeightsError
 from longspec_jax.safetensors_io import INDEX_NAME, SafetensorsDir, SafetensorsFile, save_file
+from longspec_jax.speculation_profile import load_profile, save_profile
 from longspec_jax.weights import DictSource, draft_tensor_specs, read_tensors, write_tensors
 
 SAFETENSORS_NAME = "model.safetensors"
@@ -55,7 +56,8 @@ def load_draft(path: str | os.PathLike, target, dtype=None, *, window: int = DEF
     ``draft_model_weights.pth``, or a ``.pth`` / ``.safetensors`` file. The draft's architecture comes from the
     target's config (``DraftConfig.from_target``); a ``config.json`` beside the weights must agree with the
     target on every width. ``dtype=None`` uses the target's parameter dtype (the reference runs the draft in
-    the target's dtype); pass ``jnp.float32`` to keep released fp32 weights exactly.
+    the target's dtype); pass ``jnp.float32`` to keep released fp32 weights exactly. A directory's
+    ``speculation_profile.json`` (``python -m infer.calibrate``) becomes the draft's ``profile``.
     """
     path = os.fspath(path)
     target_config = getattr(target, "config", None)
@@ -66,7 +68,8 @@ def load_draft(path: str | os.PathLike, target, dtype=None, *, window: int = DEF
     source = _open_weights(path, target_config)
     variables = read_tensors(source, draft_tensor_specs(config), dtype, where=f"draft {path}",
                              expected_from=expected_from_target(config))
-    return Draft(config=config, variables=variables, target_hf_config=target_hf_config(target))
+    profile = load_profile(path) if os.path.isdir(path) else None
+    return Draft(config=config, variables=variables, target_hf_config=target_hf_config(target), profile=profile)
 
 
 def expected_from_target(config: DraftConfig) -> str:
@@ -180,6 +183,7 @@ def save_draft(draft: Draft, path: str | os.PathLike, format: str = "hf", dtype=
     ``config.json`` when the target config is known; a ``path`` ending in ``.pth`` names the file itself.
     The target config comes from ``target`` (a Target, TargetConfig or HF config dict) or else from the draft
     (set by :func:`load_draft` and by training checkpoints). ``dtype`` defaults to float32, like the releases.
+    The draft's speculation profile, if it has one, goes beside the weights (PyTorch LongSpec ignores it).
     """
     if format not in FORMATS:
         raise ValueError(f"unknown draft format {format!r}; choose one of {', '.join(FORMATS)}")
@@ -209,6 +213,8 @@ def save_draft(draft: Draft, path: str | os.PathLike, format: str = "hf", dtype=
         with open(os.path.join(directory, CONFIG_NAME), "w") as f:
             json.dump(config_json, f, indent=2, sort_keys=True)
             f.write("\n")
+    if draft.profile is not None:
+        save_profile(draft.profile, directory)
     return weights_path
 
 

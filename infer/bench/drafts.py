@@ -29,24 +29,11 @@ from infer.bench.harness import log, md_header, md_row, time_runs, write_report
 from infer.bench.loops import add_compile_arg, plain_fns, speculative_fns
 from infer.bench.near_tie import float32_reference, lossless_cell, partings
 from infer.bench.spec_inputs import load_target_and_drafts
+from infer.calibrate import prompt_windows
 from infer.decoding import Progress, StopCriteria
 from infer.generate import pad_prompts, plan_speculative
 from infer.main import tree_shape_arg
 from longspec_jax.sampling import SamplingConfig
-
-
-def prompt_windows(docs: list[list[int]], context: int, count: int, seed: int) -> list[list[int]]:
-    """``count`` windows of ``context`` tokens at seeded random (document, offset) places."""
-    rng = np.random.default_rng([seed, context])
-    long_docs = [d for d in docs if len(d) >= context]
-    if not long_docs:
-        raise ValueError(f"no prompt document has {context} tokens")
-    windows = []
-    for _ in range(count):
-        doc = long_docs[int(rng.integers(len(long_docs)))]
-        start = int(rng.integers(len(doc) - context + 1))
-        windows.append(doc[start:start + context])
-    return windows
 
 
 def repeat_4gram_share(prompt, output) -> float:
