@@ -190,7 +190,7 @@ def test_a_failing_method_gets_a_failed_row_and_the_run_goes_on(tmp_path, monkey
     monkeypatch.setattr(tasks.Runner, "__call__", lambda self, method, batch, t, pad: canned_run(batch, method, fail))
     assert main(["--out", str(tmp_path), "--smoke", "--reps", "1"]) == 0
     bar = capsys.readouterr().err.split("\r")[-1]  # the progress bar's last state: every planned row counted,
-    assert bar.startswith("tasks: 100%") and "| 8/8 [" in bar  # those a failed plain skipped too (2 batches x 4)
+    assert bar.startswith("tasks: 100%") and "| 10/10 [" in bar  # those a failed plain skipped too (2 batches x 5)
     report = json.loads((tmp_path / "bench_tasks.json").read_text())
     table = (tmp_path / "bench_tasks.md").read_text()
     rows = {(r["method"], r["batch"]): r for r in report["rows"]}
@@ -240,17 +240,18 @@ def test_list_arguments_are_checked(capsys, argv, message):
 
 
 def test_methods_at_batch_and_temperature():
-    """HF's prompt lookup runs at batch 1 only, sampled chains at T > 0 only."""
-    methods = parse_methods(["plain", "chain", "schain", "hf_pld"], ["ours"], [(2,)], (1, 1), 4)
+    """HF's prompt lookup runs at batch 1 only, trees sampled from the draft at T > 0 only, auto everywhere."""
+    methods = parse_methods(["plain", "auto", "chain", "schain", "stree", "hf_pld"], ["ours"], [(2,)], (1, 1), 4,
+                            [(2, 2)], "top_plus_one")
     names = lambda batch, t: [m.name for m in methods_at(methods, batch, t)]
-    assert names(1, 0.0) == ["plain", "chain[ours]2", "hf_pld"]
-    assert names(1, 1.0) == ["plain", "chain[ours]2", "schain[ours]2", "hf_pld"]
-    assert names(2, 1.0) == ["plain", "chain[ours]2", "schain[ours]2"]
+    assert names(1, 0.0) == ["plain", "auto[ours]", "chain[ours]2", "hf_pld"]
+    assert names(1, 1.0) == ["plain", "auto[ours]", "chain[ours]2", "schain[ours]2", "stree+1[ours]2,2", "hf_pld"]
+    assert names(2, 1.0) == ["plain", "auto[ours]", "chain[ours]2", "schain[ours]2", "stree+1[ours]2,2"]
 
 
-def test_runner_asks_generate_for_a_sampled_chain(monkeypatch):
-    """A sampled-chain method reaches generate() as draft_sampling=True with its chain; other methods leave the
-    option out (generate's default)."""
+def test_runner_asks_generate_for_what_each_method_is(monkeypatch):
+    """A sampled chain reaches generate() as draft_sampling=True with its chain, a sampled tree with its kind, the
+    argmax chain as draft_sampling=False, and auto with neither option (generate chooses)."""
     import argparse
 
     from infer.bench import tasks
@@ -269,9 +270,14 @@ def test_runner_asks_generate_for_a_sampled_chain(monkeypatch):
     args = argparse.Namespace(new_tokens=8, reps=1, ignore_eos=True, seed=0)
     runner = tasks.Runner(target=None, drafts={"ours": "draft"}, hf=None, args=args)
     sample = Sample("synthetic", "0", "", [], [1, 2, 3])
-    schain, chain = parse_methods(["plain", "schain", "chain"], ["ours"], [(2,)], (1, 1), 4)[1:]
-    runner(schain, [sample], 1.0, 16)
-    assert calls and all(c["draft_sampling"] is True and c["tree_shape"] == (1, 1) for c in calls)
+    schain, chain, stree, auto = parse_methods(["plain", "schain", "chain", "stree", "auto"], ["ours"], [(2,)],
+                                               (1, 1), 4, [(2, 2)], "top_plus_one")[1:]
+    for method, expected in ((schain, dict(draft_sampling=True, tree_shape=(1, 1))),
+                             (chain, dict(draft_sampling=False, tree_shape=(1, 1))),
+                             (stree, dict(draft_sampling="top_plus_one", tree_shape=(2, 2)))):
+        calls.clear()
+        runner(method, [sample], 1.0, 16)
+        assert calls and all({k: c.get(k) for k in expected} == expected for c in calls)
     calls.clear()
-    runner(chain, [sample], 1.0, 16)
-    assert calls and all("draft_sampling" not in c for c in calls)
+    runner(auto, [sample], 1.0, 16)
+    assert calls and all("draft_sampling" not in c and "tree_shape" not in c for c in calls)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 
 from infer.bench.harness import log
 from infer.bench.near_tie import greedy_top2_gaps
+from longspec_jax.speculation_profile import PROFILE_FILE
 
 PAD_ARGS = ["--hidden-size", "4608", "--intermediate-size", "14336", "--num-layers", "32", "--num-heads", "72",
             "--num-kv-heads", "18"]
@@ -22,7 +24,8 @@ DEV_REPOS = ("pygments", "pyparsing", "mpmath")
 
 
 def pad_pair(fixture: str, drafts: dict[str, str], pad_script: str, work: str) -> tuple[str, dict[str, str]]:
-    """The target and each draft padded to 8B-like cost by ``pad_model.py`` (reused when already in ``work``)."""
+    """The target and each draft padded to 8B-like cost by ``pad_model.py`` (reused when already in ``work``), each
+    padded draft with its small draft's speculation profile."""
     big = os.path.join(work, "target")
     jobs = [([fixture, big, "--overwrite", *PAD_ARGS], big)]
     padded = {name: os.path.join(work, f"draft_{name}") for name in drafts}
@@ -32,6 +35,10 @@ def pad_pair(fixture: str, drafts: dict[str, str], pad_script: str, work: str) -
             t0 = time.perf_counter()
             subprocess.run([sys.executable, pad_script, *args], check=True)
             log(f"padded {out} in {time.perf_counter() - t0:.0f} s")
+    for name, path in drafts.items():  # a padded draft computes the same function: it accepts the same
+        profile = os.path.join(path, PROFILE_FILE)
+        if os.path.isfile(profile):
+            shutil.copyfile(profile, os.path.join(padded[name], PROFILE_FILE))
     return big, padded
 
 

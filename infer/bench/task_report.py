@@ -62,6 +62,17 @@ def failed_row(row: dict) -> dict:
     return dict(row, tau=nan, tokens_per_s=nan, speedup=nan, prefill_s=nan, peak_bytes=None)
 
 
+def method_cell(row: dict) -> str:
+    """The method's name; for ``auto``, with what it chose (``plain``, or the tree and whether it was sampled)."""
+    chosen = row.get("speculation")
+    if not row["method"].startswith("auto") or chosen is None:
+        return row["method"]
+    if chosen["tree_shape"] is None:
+        return f"{row['method']}: plain"
+    kind = {"without_replacement": "sampled ", "top_plus_one": "sampled +1 "}.get(chosen["draft_sampling"], "")
+    return f"{row['method']}: {kind}{','.join(map(str, chosen['tree_shape']))}"
+
+
 def markdown(rows: list[dict]) -> str:
     lines = md_header(["task", "bucket", "T", "batch", "method", "tau", "tok/s", "speedup", "idle rows",
                        "prefill s", "peak GiB", "repeated 4-grams", "T=0 equal to plain"])
@@ -73,7 +84,7 @@ def markdown(rows: list[dict]) -> str:
         idle = r.get("idle_row_share", math.nan)
         equal = "" if r.get("partings") is None else lossless_cell(r["partings"])
         peak = "" if r.get("peak_bytes") is None else f"{r['peak_bytes'] / 2**30:.1f}"
-        lines.append(md_row([r["task"], r["bucket"], r["temperature"], r["batch"], r["method"], f"{r['tau']:.2f}",
+        lines.append(md_row([r["task"], r["bucket"], r["temperature"], r["batch"], method_cell(r), f"{r['tau']:.2f}",
                              f"{r['tokens_per_s']:.1f}", f"{r.get('speedup', float('nan')):.2f}x",
                              "" if math.isnan(idle) else f"{idle:.2f}", f"{r['prefill_s']:.2f}", peak,
                              "" if "repeat_4gram_share" not in r else f"{r['repeat_4gram_share']:.2f}",

@@ -12,9 +12,11 @@ compiles once per method and batch size (prompts padded to the bucket's top, so 
 counts the rows (one per task, bucket, temperature, batch size and method).
 
 Methods (``--methods``; plain first, the baseline of every speedup): ``plain``; ``tree`` (the first draft of
-``--drafts`` with each shape of ``--tree-shapes``, the sweep; every other draft with the first shape); ``chain``
-(each draft, ``--chain``); ``schain`` (T > 0 only: each draft's chain drafted by sampling and verified by
-speculative sampling, ``generate(draft_sampling=True)``); ``pld`` (prompt lookup on our verify path,
+``--drafts`` with each shape of ``--tree-shapes``, the sweep; every other draft with the first shape: the draft's
+top-k beams); ``chain`` (each draft, ``--chain``, the draft's argmax); ``schain`` (T > 0 only: each draft's chain
+sampled from the draft, ``generate(draft_sampling=True)``); ``stree`` (T > 0 only: the first draft's trees of
+``--sampled-shapes`` sampled from it, kind ``--sampling-kind``); ``auto`` (each draft, ``generate()`` choosing
+the tree and the sampling itself; the row records its choice); ``pld`` (prompt lookup on our verify path,
 ``--pld-tokens``); ``hf`` and ``hf_pld`` (Hugging Face ``generate`` in PyTorch on the target's directory, plain
 at every batch size (left-padded) and with ``prompt_lookup_num_tokens`` at batch 1, the only one transformers runs
 it at). Decode tokens/s exclude prefill:
@@ -62,6 +64,7 @@ from infer.bench.task_report import best_tree_shapes, failed_row, markdown, plot
 from infer.generate import generate, plan_shapes, recording_program_memory
 from infer.main import temperature_arg, tree_shape_arg
 from infer.lookup import PromptLookup
+from longspec_jax.tree import SAMPLING_KINDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,10 +74,17 @@ class Method:
     tree: tuple[int, ...] | None = None
     lookup: PromptLookup | None = None
     hf_lookup: int | None = None        # HF methods: prompt_lookup_num_tokens (0: plain)
-    draft_sampling: bool = False        # generate(draft_sampling=True): a sampled chain, T > 0 only
+    draft_sampling: bool | str | None = None  # generate(draft_sampling=...); None with a draft: auto
+    auto: bool = False                  # generate() chooses tree_shape and draft_sampling
+
+    @property
+    def sampled(self) -> bool:
+        """A tree sampled from the draft: T > 0 only."""
+        return bool(self.draft_sampling)
 
 
-def parse_methods(names: list[str], drafts: list[str], shapes: list[tuple], chain: tuple, pld_tokens: int):
+def parse_methods(names: list[str], drafts: list[str], shapes: list[tuple], chain: tuple, pld_tokens: int,
+                  sampled_shapes: list[tuple] = (), sampling_kind: str = "without_replacement"):
     if names[0] != "plain":
         raise ValueError("--methods must start with plain (the baseline of every speedup)")
     methods = []
@@ -82,18 +92,25 @@ def parse_methods(names: list[str], drafts: list[str], shapes: list[tuple], chai
         if name == "plain":
             methods.append(Method("plain"))
         elif name == "tree":
-            methods += [Method(f"tree[{d}]{','.join(map(str, s))}", draft=d, tree=s)
+            methods += [Method(f"tree[{d}]{','.join(map(str, s))}", draft=d, tree=s, draft_sampling=False)
                         for i, d in enumerate(drafts) for s in (shapes if i == 0 else shapes[:1])]
         elif name == "chain":
-            methods += [Method(f"chain[{d}]{len(chain)}", draft=d, tree=chain) for d in drafts]
+            methods += [Method(f"chain[{d}]{len(chain)}", draft=d, tree=chain, draft_sampling=False) for d in drafts]
         elif name == "schain":
             methods += [Method(f"schain[{d}]{len(chain)}", draft=d, tree=chain, draft_sampling=True) for d in drafts]
+        elif name == "stree":
+            tag = "" if sampling_kind == "without_replacement" else "+1"
+            methods += [Method(f"stree{tag}[{drafts[0]}]{','.join(map(str, s))}", draft=drafts[0], tree=s,
+                               draft_sampling=sampling_kind) for s in sampled_shapes]
+        elif name == "auto":
+            methods += [Method(f"auto[{d}]", draft=d, auto=True) for d in drafts]
         elif name == "pld":
             methods.append(Method(f"pld{pld_tokens}", lookup=PromptLookup(num_tokens=pld_tokens)))
         elif name in ("hf", "hf_pld"):
             methods.append(Method(name, hf_lookup=pld_tokens if name == "hf_pld" else 0))
         else:
-            raise ValueError(f"unknown method {name!r}; choose from plain, tree, chain, schain, pld, hf, hf_pld")
+            raise ValueError(f"unknown method {name!r}; choose from plain, tree, chain, schain, stree, auto, pld, hf, "
+                             f"hf_pld")
     return methods
 
 
@@ -130,7 +147,7 @@ class Runner:
         draft = self.drafts[method.draft] if method.draft else method.lookup
         kwargs = dict(draft=draft, temperature=temperature, eos_token_id=eos, seed=a.seed, pad_prompts_to=pad_to,
                       **({"tree_shape": method.tree} if method.tree else {}),
-                      **({"draft_sampling": True} if method.draft_sampling else {}))
+                      **({"draft_sampling": method.draft_sampling} if method.draft_sampling is not None else {}))
         prompts = [s.tokens for s in batch]
         if key not in self.peak_bytes:  # compile (untimed) and record the programs' memory
             with recording_program_memory() as peaks:
@@ -143,7 +160,8 @@ class Runner:
                     probe_generated=short.num_generated.tolist(), probe_rounds=short.num_rounds.tolist(),
                     probe_s=probe_s, peak_bytes=self.peak_bytes[key],
                     accept_counts=None if out.accept_counts is None else out.accept_counts.tolist(),
-                    tokens=[out.tokens[b, :n].tolist() for b, n in enumerate(out.num_generated)])
+                    tokens=[out.tokens[b, :n].tolist() for b, n in enumerate(out.num_generated)],
+                    speculation=speculation_record(out.speculation))
 
 
 def gather_samples(args, tokenizer) -> list[Sample]:
@@ -191,9 +209,18 @@ def batches_of(group: list[Sample], size: int) -> list[list[Sample]]:
 
 
 def methods_at(methods: list[Method], batch_size: int, temperature: float) -> list[Method]:
-    """The methods that run at a batch size and temperature: HF's prompt lookup at batch 1 only, sampled chains
-    at T > 0 only (greedy, they are the chain)."""
-    return [m for m in methods if not (m.hf_lookup and batch_size > 1) and not (m.draft_sampling and temperature == 0)]
+    """The methods that run at a batch size and temperature: HF's prompt lookup at batch 1 only, trees sampled
+    from the draft at T > 0 only."""
+    return [m for m in methods if not (m.hf_lookup and batch_size > 1) and not (m.sampled and temperature == 0)]
+
+
+def speculation_record(speculation) -> dict | None:
+    """What a generate call speculated with (``GenerateOutput.speculation``), for the report."""
+    if speculation is None:
+        return None
+    return dict(tree_shape=None if speculation.tree_shape is None else list(speculation.tree_shape),
+                draft_sampling=speculation.draft_sampling, reason=speculation.reason,
+                expected_tokens=speculation.expected_tokens, predicted_speedup=speculation.predicted_speedup)
 
 
 def group_rows(runner: Runner, methods: list[Method], batches: list[list[Sample]], pad_to: int, reference32,
@@ -218,6 +245,8 @@ def group_rows(runner: Runner, methods: list[Method], batches: list[list[Sample]
             continue
         peaks = [r["peak_bytes"] for r in runs if r["peak_bytes"] is not None]  # None: not reported
         row.update(**summarize_runs(runs), peak_bytes=max(peaks, default=None))
+        if runs[0].get("speculation") is not None:
+            row["speculation"] = runs[0]["speculation"]
         outputs = [t for r in runs for t in r["tokens"]]
         if plain is None:
             plain = dict(tps=row["tokens_per_s"], outputs=outputs)
@@ -237,7 +266,8 @@ def run(args) -> dict:
         target, drafts, samples, small_dir, target_dir = load_inputs(args)
         if args.max_tokens is None:
             args.max_tokens = target.config.max_position_embeddings - 2000
-    methods = parse_methods(args.methods, list(drafts), args.tree_shapes, args.chain, args.pld_tokens)
+    methods = parse_methods(args.methods, list(drafts), args.tree_shapes, args.chain, args.pld_tokens,
+                            args.sampled_shapes, args.sampling_kind)
     reference32 = float32_reference(None if args.smoke else args.reference32 or small_dir, target)
 
     hf = None
@@ -287,9 +317,12 @@ def main(argv=None) -> int:
     p.add_argument("--per-bucket", type=int, default=4)
     p.add_argument("--min-tokens", type=int, default=1200)
     p.add_argument("--max-tokens", type=int, default=None, help="default: the target's context - 2000")
-    p.add_argument("--methods", default="plain,tree,chain,schain,pld,hf,hf_pld")
+    p.add_argument("--methods", default="plain,auto,tree,chain,schain,stree,pld,hf,hf_pld")
     p.add_argument("--tree-shapes", default="4,16,16,16,16;2,8,8,8;4,8,8,8,8,8", help="shapes, ';'-separated")
     p.add_argument("--chain", default="1,1,1,1")
+    p.add_argument("--sampled-shapes", default="2,2,2,2;4,4,4,4", help="stree's shapes, ';'-separated")
+    p.add_argument("--sampling-kind", default="without_replacement", choices=SAMPLING_KINDS,
+                   help="how stree samples its children")
     p.add_argument("--pld-tokens", type=int, default=10)
     p.add_argument("--batch-sizes", default="1,2,4,8")
     p.add_argument("--temperatures", default="0,1")
@@ -309,14 +342,15 @@ def main(argv=None) -> int:
     if args.smoke:  # one draft, one shape, T=0: a couple of minutes of CPU compiles
         args.buckets, args.min_tokens, args.new_tokens, args.per_bucket = "16-64", 0, 10, 2
         args.batch_sizes, args.temperatures, args.tree_shapes = "1,2", "0", "2,4,4"
-        args.methods = "plain,tree,chain,pld"
+        args.methods = "plain,auto,tree,chain,pld"
     elif not (args.target and (args.repo_docs or args.tasks or args.reasoning)):
         p.error("--target and a task source (--repo-docs, --longbench with --tasks, --reasoning) are required")
     args.tasks = [t for t in args.tasks.split(",") if t]
     args.methods = args.methods.split(",")
     args.drafts = [tuple(item.split("=", 1)) for item in args.drafts.split(",") if item]
     for name, convert, sep in (("buckets", lambda b: tuple(int(x) for x in b.split("-")), ","),
-                               ("tree_shapes", tree_shape_arg, ";"), ("batch_sizes", int, ","),
+                               ("tree_shapes", tree_shape_arg, ";"), ("sampled_shapes", tree_shape_arg, ";"),
+                               ("batch_sizes", int, ","),
                                ("temperatures", temperature_arg, ",")):
         try:
             setattr(args, name, [convert(x) for x in str(getattr(args, name)).split(sep)])
