@@ -244,6 +244,9 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
                                resolve_impl(attention))
         out = run_lookup(settings, target, prompts, max_new_tokens, stop, seed, reproducible)
     elif draft is not None:
+        if not isinstance(draft, Draft):
+            raise ValueError(f"draft must be a longspec_jax Draft (see load_draft) or an infer.PromptLookup, "
+                             f"got {type(draft).__name__}")
         speculation = choose(config, draft.profile, sampling, len(prompts), longest + max_new_tokens // 2,
                              tree_shape, draft_sampling, param_bytes=jnp.dtype(target.dtype).itemsize)
         if speculation.tree_shape is None:
