@@ -1,12 +1,11 @@
-"""infer.bench.oracle: the next-token table and the logits hook that steer an oracle draft."""
+"""longspec_jax.testing: the oracle draft's next-token table and logits hook."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
 
-from infer.bench.oracle import ORACLE_BONUS, oracle_draft, oracle_hook, oracle_table
-from infer.bench.tiny import TINY, random_draft
+from longspec_jax.testing import ORACLE_BONUS, TINY, oracle_draft, oracle_hook, oracle_table, random_draft
 
 
 def test_oracle_table_next_tokens_and_planted_errors():

@@ -1,4 +1,4 @@
-"""In-round ablation (``infer.bench.ablation``): a doubled part is computed twice in the compiled program, its
+"""In-round ablation (``tools.ablation``): a doubled part is computed twice in the compiled program, its
 result and everything downstream unchanged; the patch is undone afterwards; the profile benchmark reports each
 doubled part's marginal time by phase."""
 
@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from infer.bench import ablation
+from tools import ablation
 from infer.bench.decode import TINY
-from infer.bench.random_model import random_target
+from longspec_jax.testing import random_target
 from longspec_jax import target
 from longspec_jax.kv_cache import init_cache
 from longspec_jax.top_k import top_k
@@ -108,7 +108,7 @@ def test_doubling_a_draft_class_method_doubles_its_gemms_and_is_undone(part):
 
 
 def test_unknown_parts_and_phases_are_named_before_anything_loads(capsys):
-    from infer.bench.profile import parse_args
+    from tools.profile import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["--out", "unused", "--smoke", "--tree", "2,2,2", "--phases", "verify,tree_level4"])
@@ -153,7 +153,7 @@ def test_mosaic_override_changes_calls_above_two_warpgroups_of_rows_until_it_end
     calls (compute_wgs before the split rule) in the kernel's own lookup, the draft's 64 rows keep theirs, and
     the rule is back afterwards."""
     import pallas.mosaic_cache_attention as mca
-    from infer.bench.mosaic_override import mosaic_override
+    from tools.mosaic_override import mosaic_override
     from pallas.mosaic_config import default_mosaic_config
 
     seen = []
@@ -191,7 +191,7 @@ def test_unknown_parts_are_named():
 
 @pytest.mark.slow
 def test_profile_smoke_with_ablation(tmp_path):
-    from infer.bench.profile import main
+    from tools.profile import main
 
     assert main(["--out", str(tmp_path), "--smoke", "--ablate", "norm,top_k", "--phases", "tree_level2,verify"]) == 0
     report = json.loads((tmp_path / "bench_profile.json").read_text())
@@ -206,7 +206,7 @@ def test_profile_smoke_with_ablation(tmp_path):
 @pytest.mark.slow
 def test_profile_smoke_with_another_attention_impl(tmp_path):
     """An impl variant's phases are compiled with that impl: the naive one's verify has other kernels."""
-    from infer.bench.profile import main
+    from tools.profile import main
 
     assert main(["--out", str(tmp_path), "--smoke", "--impls", "naive", "--phases", "verify"]) == 0
     report = json.loads((tmp_path / "bench_profile.json").read_text())

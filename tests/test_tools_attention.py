@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from infer.bench import attention
-from infer.bench.attention_loop import L2_BYTES, cache_copies, l2_cell, l2_note, num_rotations, per_op
-from infer.bench.attention_ops import tree_masks
-from infer.bench.attention_report import markdown
+from tools import attention
+from tools.attention_loop import L2_BYTES, cache_copies, l2_cell, l2_note, num_rotations, per_op
+from tools.attention_ops import tree_masks
+from tools.attention_report import markdown
 
 
 def test_tree_masks_layout():
@@ -95,7 +95,7 @@ def test_mosaic_variants_are_the_asked_one_step_changes():
     import argparse
     import dataclasses
 
-    from infer.bench.attention_mosaic import VARIANT_KINDS, variants
+    from tools.attention_mosaic import VARIANT_KINDS, variants
     from pallas.mosaic_cache_attention import MosaicConfig
 
     base = MosaicConfig(num_splits=12, stages=3)
@@ -126,7 +126,7 @@ def test_mosaic_variants_are_the_asked_one_step_changes():
 
 
 def test_mosaic_table_shows_the_light_row_blocks_splits():
-    from infer.bench.attention_mosaic import mosaic_markdown
+    from tools.attention_mosaic import mosaic_markdown
     row = dict(model="padded-8b", D=64, S=16384, B=1, impl="mosaic", default=True, us=71.0, frac_roofline=0.39,
                roofline_us=27.5, config=dict(num_splits=4, light_splits=3, block_kv=128, stages=3, compute_wgs=3,
                                              pingpong=True, accumulate="state"))
@@ -144,7 +144,7 @@ def _trace(block: int, wg: int, compute_wgs: int, scopes: list) -> list:
 
 
 def test_phase_table_averages_the_compute_warpgroups_that_ran():
-    from infer.bench.mosaic_phases import phase_table, phases_markdown
+    from tools.mosaic_phases import phase_table, phases_markdown
     C = 2
     nested = _trace(1, 1, C, [("softmax", 10, 20)])
     nested[1:1] = _trace(1, 1, C, [("inner", 12, 13)])  # a scope inside softmax: its time is softmax's
@@ -174,7 +174,7 @@ def test_phase_table_averages_the_compute_warpgroups_that_ran():
 
 
 def test_phases_section_is_gpu_only_and_profiling_needs_the_compiled_kernel(tmp_path, monkeypatch):
-    from infer.bench import mosaic_phases
+    from tools import mosaic_phases
     from pallas.mosaic_cache_attention import MosaicConfig, mosaic_cache_partials
     report = attention.main(["--sections", "phases", "--out", str(tmp_path)])
     assert "mosaic_phases" not in report and (tmp_path / "bench_attention.json").exists()  # skipped off a GPU

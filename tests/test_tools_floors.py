@@ -1,4 +1,4 @@
-"""infer.bench.floors: the bytes and FLOPs of each phase against counts by hand, on the tiny pair and on the padded
+"""tools.floors: the bytes and FLOPs of each phase against counts by hand, on the tiny pair and on the padded
 8B-cost target's shapes (docs/benchmarks.md section 7's count)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from infer.bench.floors import PEAK_FLOPS, Floor, draft_pass, round_floors, target_pass
-from infer.bench.tiny import random_draft, tiny_target
+from tools.floors import PEAK_FLOPS, Floor, draft_pass, round_floors, target_pass
+from longspec_jax.testing import random_draft, tiny_target
 
 
 def test_tiny_pair_by_hand():

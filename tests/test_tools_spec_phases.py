@@ -1,42 +1,63 @@
-"""infer.bench.spec_phases: the last-layer commit scheme and the tree it verifies, timed against the all-layer
-commit (the phase timings themselves run in the benchmark's smoke test)."""
+"""tools.spec_phases: every phase of a round timed on the tiny pair, against its floor."""
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-import numpy as np
+import json
 
-from infer.bench.spec_phases import last_layer_commit, recompute_settings
-from infer.bench.tiny import TINY, random_draft, tiny_target
-from infer.generate import plan_speculative
-from longspec_jax.kv_cache import TreeKV, commit, init_cache
-from longspec_jax.sampling import SamplingConfig
+import pytest
+
+from tools import spec_phases
 
 
-def test_last_layer_commit_writes_only_the_last_layer():
-    cache = init_cache(3, 2, 16, 1, 2, jnp.float32)
-    values = jnp.arange(2 * 16 * 2, dtype=jnp.float32).reshape(2, 16, 1, 2)
-    cache = cache.replace(k=(values,) * 3, v=(values + 1,) * 3, lengths=jnp.asarray([4, 6], jnp.int32))
-    new = -jnp.arange(2 * 6 * 2, dtype=jnp.float32).reshape(2, 6, 1, 2) - 1
-    tree_kv = TreeKV(k=(new,) * 3, v=(new - 100,) * 3)
-    path_BxA, count_B, active_B = jnp.asarray([[0, 2, 5], [0, 1, 1]]), jnp.asarray([3, 2]), jnp.asarray([True, False])
-    ours = last_layer_commit(cache, tree_kv, path_BxA, count_B, active_B)
-    full = commit(cache, tree_kv, path_BxA, count_B, active_B)
-    np.testing.assert_array_equal(ours.lengths, full.lengths)
-    np.testing.assert_array_equal(ours.lengths, [7, 6])
-    for layer in range(2):
-        np.testing.assert_array_equal(ours.k[layer], values)  # untouched: recomputed next round
-    np.testing.assert_array_equal(ours.k[-1], full.k[-1])
-    np.testing.assert_array_equal(ours.k[-1][0, 4:7], new[0, [0, 2, 5]])
-    np.testing.assert_array_equal(ours.v[-1], full.v[-1])
+def test_markdown_marks_phases_without_a_floor():
+    results = {"contexts": {40: {"plain_step": dict(seconds=0.01),
+                                 "verify": dict(seconds=0.002, floor_seconds=0.001, bound="bytes")}}}
+    md = spec_phases.markdown(results)
+    assert "| plain_step | 10.000 |  |  |  |" in md
+    assert "| verify | 2.000 | 1.000 | bytes | 2.00x |" in md
 
 
-def test_recompute_settings_add_the_accepted_tokens_to_the_last_level():
-    target = tiny_target(0)
-    settings = plan_speculative(target, random_draft(1), 40, 12, SamplingConfig(), (4, 16, 16), 512, "xla")
-    alt, tree = recompute_settings(settings, 2)
-    assert alt.tree.shape == (4, 16, 16 + 4) and alt.base == settings.base
-    N = 1 + 4 + 16 + 20
-    assert tree.tokens.shape == (2, N) and tree.mask.shape == (2, N, N)
-    assert tree.draft_logp.shape == (2, N, TINY.vocab_size)
-    assert bool(jnp.all(tree.mask[0] == jnp.tril(jnp.ones((N, N), bool))))
+def test_phases_of_the_default_tree(tmp_path):
+    assert spec_phases.main(["--out", str(tmp_path), "--smoke", "--tree", "2,2,2"]) == 0
+    results = json.loads((tmp_path / "bench_spec_phases.json").read_text())
+    row = results["contexts"]["40"]
+    assert set(row) == {"plain_step", "draft_step0", "tree_level1_topk", "tree_level2", "tree_level3", "verify",
+                        "accept", "commit", "full_round"}
+    assert all(r["seconds"] > 0 for r in row.values())
+    floors = {name for name, r in row.items() if "floor_seconds" in r}
+    assert floors == {"plain_step", "draft_step0", "tree_level2", "tree_level3", "verify", "full_round"}
+    assert all(row[n]["floor_seconds"] > 0 and row[n]["bound"] in ("bytes", "FLOPs") for n in floors)
+    assert results["copy"]["bytes_per_s"] > 0  # the floors' byte ceiling, measured in the same run
+
+
+@pytest.mark.slow
+def test_phases_of_a_sampled_chain(tmp_path, monkeypatch):
+    """--tree, --temperature and --draft-sampling reach the timed round: its settings sample a chain at T=1 and
+    verify it by speculative sampling."""
+    planned, original = [], spec_phases.plan_speculative
+
+    def plan(*args):
+        planned.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(spec_phases, "plan_speculative", plan)
+    assert spec_phases.main(["--out", str(tmp_path), "--smoke", "--tree", "1,1,1", "--temperature", "1",
+                             "--draft-sampling"]) == 0
+    (_, _, _, _, sampling, tree, _, _, draft_sampling), = planned
+    assert sampling.temperature == 1.0 and tree == (1, 1, 1) and draft_sampling is True
+    results = json.loads((tmp_path / "bench_spec_phases.json").read_text())
+    assert results["tree_shape"] == [1, 1, 1] and results["temperature"] == 1.0 and results["draft_sampling"]
+    assert {k for k in results["contexts"]["40"] if k.startswith("tree_level")} == {"tree_level1_topk",
+                                                                                   "tree_level2", "tree_level3"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--temperature", "-1"], "--temperature: must be >= 0, got -1"),
+    (["--draft-sampling", "--temperature", "1"], "--draft-sampling needs --temperature > 0 and a chain --tree"),
+    (["--draft-sampling", "--tree", "1,1"], "--draft-sampling needs --temperature > 0"),
+    (["--xla-options", "[1]"], "--xla-options: expected a JSON object {...}, got '[1]'"),
+])
+def test_arguments_are_checked(capsys, argv, message):
+    with pytest.raises(SystemExit):
+        spec_phases.main(["--out", "unused", "--smoke"] + argv)
+    assert message in capsys.readouterr().err

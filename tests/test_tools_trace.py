@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from infer.bench import trace
+from tools import trace
 from tests.spec_helpers import record_tree_passes
 
 
@@ -22,7 +22,7 @@ def _outer(x):
 def test_hlo_sources_names_function_and_caller():
     text = jax.jit(_outer).lower(jnp.ones((64, 64))).compile().as_text()
     sources = trace.hlo_sources(text)
-    assert any(v.startswith("tests/test_bench_trace.py:_inner_matmul < tests/test_bench_trace.py:_outer")
+    assert any(v.startswith("tests/test_tools_trace.py:_inner_matmul < tests/test_tools_trace.py:_outer")
                for v in sources.values()), sources
 
 
@@ -63,7 +63,7 @@ def test_profile_loop_attributes_time(tmp_path):
 
 @pytest.mark.slow
 def test_profile_smoke(tmp_path, monkeypatch):
-    from infer.bench.profile import main
+    from tools.profile import main
 
     assert main(["--out", str(tmp_path), "--smoke", "--hlo"]) == 0
     assert (tmp_path / "hlo" / "40" / "default_verify.hlo.txt").read_text().startswith("HloModule")
@@ -87,15 +87,16 @@ def test_profile_smoke(tmp_path, monkeypatch):
 def test_profile_args_carry_what_the_padded_pair_loader_reads(monkeypatch):
     """``profile --model padded`` hands its parsed args to ``spec.load_pair``, which reads the attention impl among
     others (it once failed on the H200 with an AttributeError: only ``spec`` defined ``--attention``)."""
-    from infer.bench import profile, spec
+    from infer.bench import spec
+    from tools import profile
 
     monkeypatch.setattr(spec, "build_padded_pair", lambda fixture, pad, work: ("target-dir", "draft-dir"))
     monkeypatch.setattr("longspec_jax.load_target", lambda path, dtype: type("T", (), {"tokenizer": None})())
     monkeypatch.setattr("longspec_jax.load_draft", lambda path, target: "draft")
     monkeypatch.setattr(spec, "dev_prompt_tokens", lambda tokenizer, count: [0] * count)
     common = ["--out", "unused", "--fixture", "F", "--pad-script", "P", "--contexts", "64"]
-    assert spec.load_pair(profile.parse_args(common))[3] == "auto"
-    assert spec.load_pair(profile.parse_args(common + ["--attention", "mosaic"]))[3] == "mosaic"
+    assert spec.load_pair(profile.parse_args(common), 64)[3] == "auto"
+    assert spec.load_pair(profile.parse_args(common + ["--attention", "mosaic"]), 64)[3] == "mosaic"
 
 
 @pytest.mark.parametrize("compile_mode, bad, failing", [
@@ -108,7 +109,7 @@ def test_profile_compiles_phases_as_generate_does(tmp_path, monkeypatch, compile
     fails exactly the phases it reaches (and is named in their rows)."""
     import importlib
 
-    from infer.bench.profile import main
+    from tools.profile import main
 
     monkeypatch.setattr(importlib.import_module("infer.generate"), bad, {"xla_no_such_option": 1})
     assert main(["--out", str(tmp_path), "--smoke", "--phases", "plain,verify", "--tree", "2,2", "--reps", "1",

@@ -1,8 +1,8 @@
 """Benchmark of hybrid tree attention and the Pallas kernels (their correctness is checked by the GPU tests:
 ``JAX_PLATFORMS=cuda python -m pytest -m gpu tests/test_pallas_kernels.py tests/test_cudnn_cache.py``).
 
-    python -m infer.bench attention --out DIR --sections copy,sweep,table --budget-s 190   # H200, ~4 minutes
-    python -m infer.bench attention --smoke --out DIR    # tiny shapes, CPU interpret mode, seconds
+    python -m tools.attention --out DIR --sections copy,sweep,table --budget-s 190   # H200, ~4 minutes
+    python -m tools.attention --smoke --out DIR    # tiny shapes, CPU interpret mode, seconds
 
 Sections (``--sections``, default all, in this order):
   copy    HBM bandwidth ceiling (:func:`infer.bench.harness.copy_bandwidth`): ``x + 1`` over a 1 GiB uint32
@@ -11,10 +11,10 @@ Sections (``--sections``, default all, in this order):
           for 1 and for 74 queries; the current ``default_config`` first, marked "(default)"; then the split
           count of the cuDNN cache half
   mosaic  the Mosaic GPU cache half's launch shapes (``--mosaic-shapes``) against the cuDNN cache half and the
-          roofline (GPU only: :mod:`infer.bench.attention_mosaic`)
+          roofline (GPU only: :mod:`tools.attention_mosaic`)
   phases  the Mosaic GPU cache half's compute warpgroups by phase (Q K^T, softmax, P V, ...), same shapes and
           config variants, from Mosaic GPU's on-device profiler (GPU only, with JAX_PLATFORMS=cuda,cpu:
-          :mod:`infer.bench.mosaic_phases`)
+          :mod:`tools.mosaic_phases`)
   table   Llama-3-8B (32/8 heads) and Vicuna-7B (32/32) shapes, head_dim 128, bf16, batch 1 and 4, cache
           length 4k..64k, 74 new tokens under a random tree mask: hybrid attention with impl pallas / xla / naive,
           the Pallas cache half alone (and its kernel alone), the tree half alone, single-token decode
@@ -24,7 +24,7 @@ Writes ``bench_attention.json`` (every number) and ``bench_attention.md`` (table
 
 Timing (every op): ``n`` iterations of the op inside one jitted ``lax.fori_loop``, perturbed so that nothing is
 hoisted, over rotated K/V sets so that the cache is read from HBM, the empty loop's time per step subtracted
-(:mod:`infer.bench.attention_loop`). Warm-up call first, then the median of ``--calls`` calls (buffers donated,
+(:mod:`tools.attention_loop`). Warm-up call first, then the median of ``--calls`` calls (buffers donated,
 chained). Both the raw per-step time and the overhead are in the JSON (``raw_us``, ``overhead_us``) and the
 markdown.
 """
@@ -38,11 +38,11 @@ import traceback
 
 import jax
 
-from infer.bench.attention_loop import L2_BYTES, OpTimer
-from infer.bench.attention_mosaic import VARIANT_KINDS, run_sweep_mosaic
-from infer.bench.attention_report import markdown
-from infer.bench.attention_sections import run_sweep, run_sweep_cudnn, run_table, sweep_best
-from infer.bench.mosaic_phases import run_phases
+from tools.attention_loop import L2_BYTES, OpTimer
+from tools.attention_mosaic import VARIANT_KINDS, run_sweep_mosaic
+from tools.attention_report import markdown
+from tools.attention_sections import run_sweep, run_sweep_cudnn, run_table, sweep_best
+from tools.mosaic_phases import run_phases
 from infer.bench.harness import arg_parser, copy_bandwidth, log, names_arg, write_report
 
 SECTIONS = ("copy", "sweep", "mosaic", "phases", "table")
@@ -56,7 +56,8 @@ variant_kinds_arg = names_arg(VARIANT_KINDS, "variant kind", none=True)  # --mos
 
 
 def parse_args(argv=None):
-    p = arg_parser("attention", __doc__, "tiny shapes in interpret mode (CPU), for tests")
+    p = arg_parser("attention", __doc__, "tiny shapes in interpret mode (CPU), for tests",
+                   prog="python -m tools.attention")
     p.add_argument("--sections", default=",".join(SECTIONS), help="subset of " + ",".join(SECTIONS))
     p.add_argument("--models", default="llama3-8b,vicuna-7b")
     p.add_argument("--batches", default="1,4")
@@ -177,3 +178,7 @@ def main(argv=None) -> dict:
     log(f"done in {report['elapsed_s']:.0f} s (compiling {timer.compile_s:.0f} s, {timer.recompiles} recompiles); "
         f"wrote {paths[0]} and {paths[1]}")
     return report
+
+
+if __name__ == "__main__":
+    main()

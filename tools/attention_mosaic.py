@@ -15,9 +15,9 @@ import time
 
 import jax.numpy as jnp
 
-from infer.bench.attention_loop import EMPTY_EST_S, OpTimer, identity_op, per_op
-from infer.bench.attention_ops import CACHE_USES, MODELS, RowInputs, cache_bytes, chunk_attention_fn
-from infer.bench.floors import PEAK_FLOPS
+from tools.attention_loop import EMPTY_EST_S, OpTimer, identity_op, per_op
+from tools.attention_ops import CACHE_USES, MODELS, RowInputs, cache_bytes, chunk_attention_fn
+from tools.floors import PEAK_FLOPS
 from infer.bench.harness import error_text, log, md_header, md_row, record_failure
 
 

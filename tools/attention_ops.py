@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from infer.bench.attention_loop import num_rotations
+from tools.attention_loop import num_rotations
 
 # (query heads, kv heads); padded-8b is pad_model.py's 8B-cost fixture (run it with --head-dim 64); qwen2-7b's
 # group of 7 folds to row counts that fill no power-of-two tile

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from infer.bench.attention_loop import l2_cell
-from infer.bench.attention_mosaic import mosaic_markdown
+from tools.attention_loop import l2_cell
+from tools.attention_mosaic import mosaic_markdown
 from infer.bench.harness import md_header, md_row
-from infer.bench.mosaic_phases import phases_markdown
+from tools.mosaic_phases import phases_markdown
 
 TABLE_COLUMNS = ("gpu", "mosaic", "pallas", "cudnn", "xla", "naive", "cache", "kernel", "cache_cudnn", "cache_mosaic",
                  "mgpu", "tree", "decode", "decode_cudnn", "dpa")

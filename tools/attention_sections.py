@@ -8,8 +8,8 @@ import traceback
 
 import jax.numpy as jnp
 
-from infer.bench.attention_loop import EMPTY_EST_S, OpTimer, identity_op, l2_cell, l2_note, num_rotations, per_op
-from infer.bench.attention_ops import MODELS, RowInputs, build_ops, cache_bytes, chunk_attention_fn
+from tools.attention_loop import EMPTY_EST_S, OpTimer, identity_op, l2_cell, l2_note, num_rotations, per_op
+from tools.attention_ops import MODELS, RowInputs, build_ops, cache_bytes, chunk_attention_fn
 from infer.bench.harness import error_text, log, record_failure
 
 

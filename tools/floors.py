@@ -1,5 +1,5 @@
 """Floors of a speculative round's phases: no phase can run faster than the larger of the bytes it must read over
-the copy bandwidth and its FLOPs over the tensor cores' peak (docs/benchmarks.md section 7 counted them by hand).
+the copy bandwidth and its FLOPs over the tensor cores' peak (by the counts below).
 
 A target pass (a plain step: 1 row per sequence; verification: the tree's nodes) reads every layer weight and the
 LM head once, and each sequence's K/V cache; a draft pass (step 0: the root; a tree level: the nodes of the level
@@ -12,11 +12,12 @@ under 0.1% of a phase's bytes at the shapes measured.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 
-PEAK_FLOPS = 790e12  # bf16 dense matrix rate measured on the H200 (KINDS.md); the FLOP ceiling of every roofline
+from infer.bench.harness import nbytes
+
+PEAK_FLOPS = 790e12  # bf16 dense matrix rate measured on the H200; the FLOP ceiling of every roofline
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,11 +34,6 @@ class Floor:
 
     def __add__(self, other: Floor) -> Floor:
         return Floor(self.bytes + other.bytes, self.flops + other.flops)
-
-
-def nbytes(tree) -> int:
-    """Bytes of a pytree's arrays (or of their ``jax.ShapeDtypeStruct``s)."""
-    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
 def lm_head(tparams) -> jax.Array:
@@ -73,7 +69,7 @@ def _pass(weight_bytes: int, itemsize: int, config, batch: int, rows: int, keys:
 
 
 def round_floors(tparams, draft_variables, config, tree_shape: tuple[int, ...], batch: int, keys: int) -> dict:
-    """Floors of the phases ``infer.bench.spec_phases.phase_times`` times, by its names, and of the whole round
+    """Floors of the phases ``tools.spec_phases.phase_times`` times, by its names, and of the whole round
     (draft step 0, the tree levels that run the draft, verification)."""
     floors = {"plain_step": target_pass(tparams, config, batch, 1, keys),
               "draft_step0": draft_pass(draft_variables, tparams, config, batch, 1, keys),

@@ -1,5 +1,5 @@
 """Launch-shape variants of the Mosaic GPU cache half, for A/B runs of the whole round in one process
-(``python -m infer.bench profile --mosaic '{"wgs2": {"compute_wgs": 2}}'``)."""
+(``python -m tools.profile --mosaic '{"wgs2": {"compute_wgs": 2}}'``)."""
 
 from __future__ import annotations
 

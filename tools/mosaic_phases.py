@@ -21,8 +21,8 @@ import tempfile
 import jax
 import jax.numpy as jnp
 
-from infer.bench.attention_mosaic import parse_shapes, variants
-from infer.bench.attention_ops import MODELS, make_inputs
+from tools.attention_mosaic import parse_shapes, variants
+from tools.attention_ops import MODELS, make_inputs
 from infer.bench.harness import error_text, log, md_header, md_row
 
 PHASES = ("load_q", "scores", "softmax", "pv", "write_out")

@@ -1,27 +1,27 @@
 """Per-op GPU time of one speculative round's phases and of a plain step, from a profiler trace.
 
-    python -m infer.bench profile --out DIR --fixture FIXTURE_DIR --pad-script pad_model.py   # GPU
-    python -m infer.bench profile --out DIR --smoke                                           # CPU, tiny
+    python -m tools.profile --out DIR --fixture FIXTURE_DIR --pad-script pad_model.py   # GPU
+    python -m tools.profile --out DIR --smoke                                           # CPU, tiny
 
 Same model pair, prompt and settings as ``python -m infer.bench spec`` (the padded 8B-cost pair, its ``--batch``,
 ``--tree`` and ``--temperature``), or with ``--model llama3-8b`` a target of true Llama-3-8B shapes (128k vocabulary,
 head_dim 128) with random bf16 weights and a random draft of its shapes, on a random prompt (phase times depend on
 shapes, not on what the draft predicts). Each phase (plain decode step, draft step 0, every tree level, verify, the
-whole round) is profiled in the in-loop timing from the post-prefill state (:mod:`infer.bench.trace`): kernels per
+whole round) is profiled in the in-loop timing from the post-prefill state (:mod:`tools.trace`): kernels per
 step, summed kernel time, GPU-busy time and wall time per step, where the time goes by source function and by
 kernel, and the GPU's idle gaps by the source of the kernel that ended each, and the compiled program's temporary
 bytes. Every phase is compiled as ``generate()`` compiles its loop (``--compile``: autotuned, or the default
 reproducible; every phase but the plain step with the speculative loop's options,
 :data:`infer.speculative.SPECULATIVE_OPTIONS`). ``--options`` adds XLA compiler-option variants (e.g. command
 buffers off) of every phase, added to those; ``--ablate`` adds one variant per named part with that part
-computed twice (:mod:`infer.bench.ablation`): its time over the default's is the part's marginal cost in the
+computed twice (:mod:`tools.ablation`): its time over the default's is the part's marginal cost in the
 round; ``--impls`` adds one variant per attention impl, timed after the default (``--attention``) in the same
 process, so ``--attention auto --impls mosaic,auto`` times A, B, A; ``--mosaic`` adds variants of the Mosaic GPU
-cache half's launch shape (:mod:`infer.bench.mosaic_override`); ``--verify-node-multiples`` adds variants that
+cache half's launch shape (:mod:`tools.mosaic_override`); ``--verify-node-multiples`` adds variants that
 verify the tree padded to a multiple of nodes (``SpecSettings.verify_node_multiple``). ``--phases`` picks the phases.
 
 Wall and idle time include gaps that occur once per profiled call, not per step (e.g. one of 3.2-3.6 ms a call
-in verification and the round under ``xla_gpu_experimental_force_split_k``, docs/benchmarks.md 7p): with few
+in verification and the round under ``xla_gpu_experimental_force_split_k``): with few
 ``--reps`` compare busy time, and read the call's longest gap and ``idle_before_kernel``'s launch counts (1 / reps
 marks such a gap).
 """
@@ -39,15 +39,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from infer.bench.ablation import PARTS, doubling, parse_parts
+from tools.ablation import PARTS, doubling, parse_parts
 from infer.bench.decode import LLAMA3_8B, TINY
 from infer.bench.harness import arg_parser, json_object_arg, log, md_header, md_row, names_arg, write_report
 from infer.bench.loops import add_compile_arg, loop_options
-from infer.bench.mosaic_override import check_fields, mosaic_override
-from infer.bench.random_model import random_target
-from infer.bench.spec import add_round_args, batch_starts, check_round_args, load_pair, stream_length
-from infer.bench.spec_phases import after
-from infer.bench.trace import profile_loop
+from tools.mosaic_override import check_fields, mosaic_override
+from longspec_jax.testing import random_target
+from infer.bench.spec import (add_pair_args, add_sampling_args, batch_starts, batch_stream_length, check_pair_args,
+                              check_sampling_args, load_pair)
+from tools.spec_phases import after
+from tools.trace import profile_loop
 from infer.decoding import StopCriteria
 from infer.generate import pad_prompts, plan_speculative
 from infer.main import positive_ints_arg
@@ -66,7 +67,7 @@ NODES_PREFIX = "nodes_"  # variant name of verification on a tree padded to a mu
 
 
 class Variant(NamedTuple):
-    """XLA compiler options of every phase's compile, the parts computed twice (:mod:`infer.bench.ablation`), the
+    """XLA compiler options of every phase's compile, the parts computed twice (:mod:`tools.ablation`), the
     attention impl (None: the pair's), Mosaic launch-shape fields (:func:`mosaic_override`) and the round's
     ``SpecSettings.verify_node_multiple``."""
     options: dict
@@ -182,12 +183,13 @@ def _profile_variant(variant, opts, fresh_state, settings, stop, tparams, weight
 
 def load_models(args):
     """(target, draft, prompt token stream, attention impl) of ``--model``."""
+    length = batch_stream_length(max(args.contexts), args.batch)
     if args.model == "padded":
-        return load_pair(args)
+        return load_pair(args, length)
     target = random_target(TINY if args.smoke else LLAMA3_8B, None, jnp.float32 if args.smoke else jnp.bfloat16,
                            0.02)
     draft = init_draft(DraftConfig.from_target(target.config), jax.random.PRNGKey(1), dtype=target.dtype)
-    stream = np.random.default_rng(0).integers(0, target.config.vocab_size, stream_length(args)).tolist()
+    stream = np.random.default_rng(0).integers(0, target.config.vocab_size, length).tolist()
     return target, draft, stream, "xla" if args.smoke else "auto"
 
 
@@ -260,16 +262,12 @@ def markdown(results: dict, top: int = 12) -> str:
 
 
 def parse_args(argv=None):
-    p = arg_parser("profile", __doc__, "tiny random pair on the CPU (CPU ops instead of GPU kernels)")
+    p = arg_parser("profile", __doc__, "tiny random pair on the CPU (CPU ops instead of GPU kernels)",
+                   prog="python -m tools.profile")
     p.add_argument("--model", default="padded", choices=("padded", "llama3-8b"),
                    help="padded: the fixture pair padded to 8B cost; llama3-8b: random weights of Llama-3-8B shapes")
-    p.add_argument("--fixture", help="the small code-LM fixture directory")
-    p.add_argument("--pad-script", help="path of the fixture's pad_model.py")
-    p.add_argument("--work", default="/tmp/longspec_bench", help="where the padded pair is written (reused)")
     p.add_argument("--contexts", default=None, help="prompt lengths (default 16384,32768; --smoke: 40)")
     p.add_argument("--new-tokens", type=int, default=256, help="planned new tokens (sets the cache capacity)")
-    p.add_argument("--batch", type=int, default=1,
-                   help="sequences per step (rows start BATCH_STRIDE apart, as in spec)")
     p.add_argument("--reps", type=int, default=None, help="steps per profiled call (default 20; --smoke: 2)")
     p.add_argument("--options", type=json_object_arg, default="{}",
                    help='JSON {variant: {xla option: value}} added to the default, '
@@ -294,9 +292,10 @@ def parse_args(argv=None):
                    help="also write each phase's compiled HLO module (what every kernel computes) under "
                         "OUT/hlo/CONTEXT/")
     add_compile_arg(p)
-    add_round_args(p)
+    add_pair_args(p)
+    add_sampling_args(p)
     args = p.parse_args(argv)
-    check_round_args(p, args)
+    check_sampling_args(p, args)
     args.contexts = [int(x) for x in (args.contexts or ("40" if args.smoke else "16384,32768")).split(",") if x]
     args.reps = args.reps or (2 if args.smoke else 20)
     args.variants = {name: Variant(opts) for name, opts in {"default": {}, **args.options}.items()}
@@ -318,11 +317,10 @@ def parse_args(argv=None):
     if unknown:
         p.error(f"--phases: unknown phase(s) {', '.join(unknown)}; with --tree {args.tree} choose from "
                 f"{', '.join(known)}")
-    if args.batch < 1:
+    if args.model == "padded":
+        check_pair_args(p, args)
+    elif args.batch < 1:
         p.error(f"--batch must be >= 1, got {args.batch}")
-    args.stable_search = 0  # spec.load_pair reads it (with --batch): row b's prompt starts b * BATCH_STRIDE on
-    if args.model == "padded" and not args.smoke and not (args.fixture and args.pad_script):
-        p.error("--fixture and --pad-script are required with --model padded (or --smoke)")
     return args
 
 
@@ -330,3 +328,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     print(markdown(run(args)))  # run() has written the report after every variant
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -24,8 +24,7 @@ import json
 import jax
 import numpy as np
 
-from infer.bench.floors import nbytes
-from infer.bench.harness import log, md_header, md_row, time_runs, write_report
+from infer.bench.harness import nbytes, log, md_header, md_row, time_runs, write_report
 from infer.bench.loops import add_compile_arg, plain_fns, speculative_fns
 from infer.bench.near_tie import float32_reference, lossless_cell, partings
 from infer.bench.spec_inputs import load_target_and_drafts
@@ -142,7 +141,7 @@ def run(args) -> dict:
                "jax": jax.__version__, "tree_shape": list(args.tree), "new_tokens": args.new_tokens,
                "compile": args.compile, "rows": []}
     if args.smoke:
-        from infer.bench.tiny import random_draft, tiny_target
+        from longspec_jax.testing import random_draft, tiny_target
         target = tiny_target(0)
         drafts = {"a": random_draft(1), "b": random_draft(2)}
         rng = np.random.default_rng(0)

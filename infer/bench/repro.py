@@ -42,7 +42,7 @@ def load_pair(args):
     from longspec_jax import load_draft, load_target
 
     if args.smoke:
-        from infer.bench.tiny import random_draft, tiny_target
+        from longspec_jax.testing import random_draft, tiny_target
         target = tiny_target(0)
         rng = np.random.default_rng(0)
         return target, random_draft(1), [rng.integers(0, target.config.vocab_size, 300).tolist() for _ in range(3)]

@@ -7,7 +7,7 @@ that fits on each.
 Model: Llama-3-8B shapes (32 layers, d 4096, 32/8 heads of 128, MLP 14336, vocab 128256, untied), random bf16
 weights made on the devices: over N devices sharded (``longspec_jax.tensor_parallel``: grouped fused layout,
 attention per shard), on one device the plain single-device target (no mesh). Draft: a random LongSpec draft of
-the target's shapes steered by an oracle (:mod:`infer.bench.oracle`) towards the plain greedy output, wrong at
+the target's shapes steered by an oracle (:mod:`longspec_jax.testing`) towards the plain greedy output, wrong at
 every 4th position (realistic acceptance lengths; the draft still runs in full). Batch 1, greedy, random prompt.
 
 Timed (:func:`infer.bench.harness.time_runs`: compile and prefill excluded, median of ``--reps``): the plain and
@@ -35,8 +35,8 @@ from infer.bench.decode import LLAMA3_8B, TINY
 from infer.bench.harness import arg_parser, error_text, log, md_header, md_row, time_loop, time_runs, write_report
 from infer.bench.loops import add_compile_arg, plain_fns, speculative_fns
 from infer.bench.near_tie import first_divergence
-from infer.bench.oracle import oracle_hook, oracle_table
-from infer.bench.random_model import random_target
+from longspec_jax.testing import oracle_hook, oracle_table
+from longspec_jax.testing import random_target
 from infer.decoding import DecodeSettings, Progress, StopCriteria
 from infer.generate import on_mesh, pad_prompts, plan_speculative
 from infer.plain import decode_step
