@@ -68,7 +68,8 @@ def _check_partials(B, M, S, H, K, D, lengths, cfg, interpret):
     R = M * (H // K)
     o, lse = mosaic_cache_partials(q_rows, k_bad, v_bad, lens, cfg=cfg, scale=0.3, valid_rows=R,
                                    interpret=interpret)
-    assert o.shape == (cfg.num_splits, B, q_rows.shape[1], K, D) and lse.shape == (cfg.num_splits, B, K, q_rows.shape[1])
+    assert o.shape == (cfg.num_splits, B, q_rows.shape[1], K, D)
+    assert lse.shape == (cfg.num_splits, B, K, q_rows.shape[1])
     o, lse = o[:, :, :R], jnp.swapaxes(lse, 2, 3)[:, :, :R]
     empty = np.isneginf(np.asarray(lse))
     assert (np.asarray(o, np.float32)[empty] == 0).all()
@@ -365,7 +366,8 @@ for M, S, H, K, D in ((72, 16384, 72, 18, 64), (72, 32768, 32, 8, 128)):  # veri
                              jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((1, S, K, D), jnp.bfloat16)
     n = jax.ShapeDtypeStruct((1,), jnp.int32)
-    jax.jit(lambda q, k, v, n: mosaic_cache_partials(q, k, v, n, cfg=cfg, scale=D ** -0.5)).lower(q, kv, kv, n).compile()
+    partials = lambda q, k, v, n: mosaic_cache_partials(q, k, v, n, cfg=cfg, scale=D ** -0.5)
+    jax.jit(partials).lower(q, kv, kv, n).compile()
     print("compiled", cfg, flush=True)
 """
 

@@ -95,7 +95,8 @@ def run_sweep_mosaic(args, copy_bw, t_start, timer: OpTimer) -> list:
                 for cfg in variants(base, S, args.mosaic_variants,
                                     default_mosaic_config(B, K, M * (H // K), S, D, one_wave=False))]
         for name, cfg, op in ops:
-            if time.perf_counter() - section_start > args.mosaic_budget_s or time.perf_counter() - t_start > args.budget_s:
+            now = time.perf_counter()
+            if now - section_start > args.mosaic_budget_s or now - t_start > args.budget_s:
                 log("  mosaic budget used up; skipping the rest")
                 return results
             rec = dict(model=model, D=D, S=S, B=B, M=M, impl=name, roofline_us=roof * 1e6,

@@ -55,7 +55,8 @@ def _table(rows: list, dtype: str) -> list[str]:
         if r.get("skipped"):
             continue
         o, raw, lp = r.get("overhead_us", {}), r.get("raw_us", {}), r.get("loop", {})
-        ns = "/".join(str(lp[k]["n"] * lp[k]["steps_per_iter"]) if k in lp else "-" for k in ("pallas", "tree", "decode"))
+        ns = "/".join(str(lp[k]["n"] * lp[k]["steps_per_iter"]) if k in lp else "-"
+                      for k in ("pallas", "tree", "decode"))
         lines.append(md_row([r["model"], r["B"], r["S"], _num(o, "pallas"), _num(o, "cache"), _num(o, "tree"),
                              _num(o, "decode"), _num(raw, "pallas"), _num(raw, "cache"), _num(raw, "tree"),
                              _num(raw, "decode"), ns]))

@@ -37,7 +37,8 @@ import time
 import traceback
 from pathlib import Path
 
-from infer.bench.harness import nbytes, arg_parser, copy_bandwidth, error_text, log, md_header, md_row, time_loop, write_report
+from infer.bench.harness import (arg_parser, copy_bandwidth, error_text, log, md_header, md_row, nbytes, time_loop,
+                                 write_report)
 
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
                  num_kv_heads=8, head_dim=128, rope_theta=500000.0, rms_norm_eps=1e-5)

@@ -24,7 +24,7 @@ import json
 import jax
 import numpy as np
 
-from infer.bench.harness import nbytes, log, md_header, md_row, time_runs, write_report
+from infer.bench.harness import log, md_header, md_row, nbytes, time_runs, write_report
 from infer.bench.loops import add_compile_arg, plain_fns, speculative_fns
 from infer.bench.near_tie import float32_reference, lossless_cell, partings
 from infer.bench.spec_inputs import load_target_and_drafts

@@ -69,7 +69,8 @@ def decode_speed(args, n: int, target: Target, tokens_1xT: np.ndarray, plain_tok
     settings = plan_speculative(target, draft, args.context, args.new_tokens, SamplingConfig(), args.tree, 512,
                                 "auto")
     settings = dataclasses.replace(settings, draft=dataclasses.replace(settings.draft, logits_hook=oracle_hook))
-    base, stop, key, params = settings.base, StopCriteria.make(args.new_tokens, []), jax.random.PRNGKey(0), target.params
+    base, stop, key = settings.base, StopCriteria.make(args.new_tokens, []), jax.random.PRNGKey(0)
+    params = target.params
     tokens, lengths = pad_prompts([tokens_1xT], base.prompt_len)
     row: dict = {}
     with on_mesh(target.mesh):
