@@ -1,5 +1,5 @@
 """tools.floors: the bytes and FLOPs of each phase against counts by hand, on the tiny pair and on the padded
-8B-cost target's shapes (docs/benchmarks.md section 7's count)."""
+8B-cost target's shapes."""
 
 from __future__ import annotations
 

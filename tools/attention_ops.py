@@ -20,7 +20,7 @@ CACHE_USES = ("q", "lengths")
 
 
 def tree_masks(rng, batch: int, num_new: int, num_accepted: int = 5, num_pad: int = 5) -> np.ndarray:
-    """[B, M, M] verification masks (reference.md 2.4 layout): accepted tokens causal, tree nodes with random
+    """[B, M, M] verification masks (the reference's layout): accepted tokens causal, tree nodes with random
     parents see every accepted token plus their ancestors and themselves, padding rows see nothing."""
     num_accepted = min(num_accepted, num_new)
     num_pad = min(num_pad, num_new - num_accepted)

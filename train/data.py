@@ -11,7 +11,7 @@ the position before it) and ``length`` (real tokens; the rest is padding). Forma
   too long for the row loses its beginning.
 
 EOS is a target only with ``data.eos_is_target`` (the reference's stage-1 data pads with EOS and so never
-trains it, reference.md 4.6). Tokenisation uses the target's tokenizer as it encodes by default (a Llama
+trains it). Tokenisation uses the target's tokenizer as it encodes by default (a Llama
 tokenizer adds BOS to every segment, as the reference's collators do).
 
 ``python -m train.data --config FILE [dotted.key=value ...]`` tokenises a config's data ahead of training (the

@@ -10,7 +10,8 @@ Prompts: ``--num-prompts`` windows of each context length at seeded random offse
 reference's convention): a generation's post-prefill loop is timed on its own (median of ``--reps``), compiled
 as ``generate()`` compiles it (``--compile``: autotuned, i.e. ``reproducible=False``, or the default reproducible).
 tau = tokens generated / (rounds + 1) and tokens/s are summed over the prompts. At T = 0 each speculative output
-is compared with the plain one (first divergence; bf16 paths may part at near-ties, architecture.md section 7).
+is compared with the plain one (first divergence; bf16 paths may part at near-ties,
+docs/architecture.md, "Numerics and testing").
 ``repeat_4gram_share``: the share of the plain output's 4-grams already seen earlier in prompt or output (greedy
 output of a small model loops, which makes any draft look good).
 """
