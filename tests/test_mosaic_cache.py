@@ -107,8 +107,9 @@ CASES = {
 }
 # Three compute warpgroups run on the GPU only: the interpreter runs a block's warpgroups as concurrent XLA
 # executions, and on a 2-core machine a fourth one never starts while the others wait at a barrier.
-DEFAULT_SUITE = ("wg1-splits3", "pingpong-stages3-d128", "pingpong-idle-wg-refills", "free-idle-wg-refills",
-                 "light-splits-wg1")
+# The default suite keeps the cheaper cases of each schedule (one warpgroup, ping-pong, a free idle warpgroup);
+# the interpreter takes about a minute for each of the others, which run with -m slow.
+DEFAULT_SUITE = ("wg1-splits3", "pingpong-idle-wg-refills", "free-idle-wg-refills")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in DEFAULT_SUITE else pytest.mark.slow)

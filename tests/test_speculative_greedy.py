@@ -213,13 +213,19 @@ def test_verification_of_a_padded_tree_is_the_same_pass(greedy_case, monkeypatch
     assert settings.verify_node_multiple == VERIFY_NODE_MULTIPLE == 8  # the default pads
     settings, padded = (dataclasses.replace(settings, verify_node_multiple=m) for m in (1, 8))
     tokens, lengths = pad_prompts(PROMPTS, settings.base.prompt_len)
-    state = speculative_start(settings, target.params, draft.weights, tokens, lengths, stop, jax.random.PRNGKey(0))
-    logp_root_BxV, ring = draft_root(settings.draft, draft.weights, target.params, state.cache, state.ring,
-                                     state.pending, state.num_pending)
-    tree = build_tree(settings.tree, settings.draft, draft.weights, target.params, state.cache, ring,
-                      state.pending[:, 0], logp_root_BxV)
+
+    @jax.jit
+    def first_tree(params, weights):  # the state after prefill and the first round's tree, as the loop builds them
+        state = speculative_start(settings, params, weights, tokens, lengths, stop, jax.random.PRNGKey(0))
+        logp_root_BxV, ring = draft_root(settings.draft, weights, params, state.cache, state.ring, state.pending,
+                                         state.num_pending)
+        return state.cache, build_tree(settings.tree, settings.draft, weights, params, state.cache, ring,
+                                       state.pending[:, 0], logp_root_BxV)
+
+    cache, tree = first_tree(target.params, draft.weights)
     assert tree.tokens.shape[1] == 10
-    (logits, kv), (padded_logits, padded_kv) = (verify(s, target.params, state.cache, tree) for s in (settings, padded))
+    (logits, kv), (padded_logits, padded_kv) = (jax.jit(verify, static_argnums=0)(s, target.params, cache, tree)
+                                                for s in (settings, padded))
     assert passes == [10, 16]
     assert padded_logits.shape == logits.shape and padded_kv.k[0].shape == kv.k[0].shape
     np.testing.assert_allclose(padded_logits, logits, rtol=1e-5, atol=1e-5)

@@ -57,6 +57,7 @@ def test_doubled_keeps_integer_outputs_and_needs_a_float_argument():
 GEMMS_PER_LAYER = {"mlp": 2, "gemms": 4, "qkv": 1}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("part", list(GEMMS_PER_LAYER))
 def test_doubling_a_target_part_doubles_it_in_the_traced_forward_and_is_undone(part):
     tgt = random_target(TINY, None, jnp.float32, 0.02)
@@ -82,6 +83,7 @@ def test_doubling_a_target_part_doubles_it_in_the_traced_forward_and_is_undone(p
     np.testing.assert_array_equal(doubled_out, base_out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("part", ["draft_mlp", "draft_gemms"])
 def test_doubling_a_draft_class_method_doubles_its_gemms_and_is_undone(part):
     """Parts that are methods of the draft's Flax modules: the MLP's three GEMMs run twice, outputs unchanged."""

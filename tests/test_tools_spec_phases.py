@@ -17,6 +17,7 @@ def test_markdown_marks_phases_without_a_floor():
     assert "| verify | 2.000 | 1.000 | bytes | 2.00x |" in md
 
 
+@pytest.mark.slow
 def test_phases_of_the_default_tree(tmp_path):
     assert spec_phases.main(["--out", str(tmp_path), "--smoke", "--tree", "2,2,2"]) == 0
     results = json.loads((tmp_path / "bench_spec_phases.json").read_text())

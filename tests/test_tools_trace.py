@@ -99,6 +99,7 @@ def test_profile_args_carry_what_the_padded_pair_loader_reads(monkeypatch):
     assert spec.load_pair(profile.parse_args(common + ["--attention", "mosaic"]), 64)[3] == "mosaic"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compile_mode, bad, failing", [
     ("reproducible", "REPRODUCIBLE_OPTIONS", {"plain", "verify"}),
     ("autotuned", "REPRODUCIBLE_OPTIONS", set()),
