@@ -89,8 +89,8 @@ def plan_shapes(max_prompt: int, max_new_tokens: int, slack: int, prefill_chunk:
 
 # XLA options of a reproducible compile: no autotuning, whose timing-based kernel choices differ between processes
 # and with them the bf16 rounding; and GEMMs on cuBLAS's fixed heuristics, since an untuned Triton GEMM takes its
-# default tiles (10x slower prefill, 2.5x slower decode on the padded 8B pair). docs/benchmarks.md, "Reproducible
-# output", has the measurements and the cost.
+# default tiles (10x slower prefill, 2.5x slower decode on the padded 8B pair). The cost:
+# docs/results.md, "The same tokens in every process".
 REPRODUCIBLE_OPTIONS = {"xla_gpu_autotune_level": 0, "xla_gpu_enable_triton_gemm": False}
 
 

@@ -1,8 +1,10 @@
 """Generate text from a prompt, streaming it to stdout: ``python -m infer.main --prompt "def f(" --max-new-tokens 32``.
 
-Without ``--target``, the code-LM fixture beside the repository (``../shared/fixtures/code-lm``) is used when it
-exists, else a tiny random Llama built in memory with a byte-level tokenizer (its text is noise, but the whole
-path runs). Timing goes to stderr: the first call includes compilation; ``--repeat N`` adds N warm calls.
+Without ``--target``, the embedded default model (``infer/default_model/target``) runs with its LongSpec draft
+(``infer/default_model/draft``: speculative decoding; ``--no-draft`` for plain decoding, ``--draft DIR`` for
+another draft). ``--tiny-random`` runs a tiny random Llama built in memory with a byte-level tokenizer instead (its
+text is noise, but the whole path runs). Timing goes to stderr: tokens/s, and with a draft the tokens per round
+(tau); the first call includes compilation; ``--repeat N`` adds N warm calls.
 """
 
 from __future__ import annotations
@@ -15,8 +17,7 @@ import time
 from pathlib import Path
 
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_FIXTURE = REPO_ROOT / ".." / "shared" / "fixtures" / "code-lm"
+DEFAULT_MODEL = Path(__file__).resolve().parent / "default_model"  # target/ and draft/; see its README.md
 DTYPES = ("bfloat16", "float32")
 
 
@@ -110,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--target", metavar="DIR",
                         help="HF Llama/Qwen2 directory (config.json + *.safetensors [+ tokenizer]); default: the "
-                             "code-LM fixture next to the repo if present, else a tiny random model")
+                             "embedded default model, with its draft")
     parser.add_argument("--tiny-random", action="store_true",
                         help="use a tiny random Llama built in memory (byte tokenizer) instead of --target")
     source = parser.add_mutually_exclusive_group(required=True)
@@ -122,11 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", type=_top_p, default=1.0, metavar="P")
     parser.add_argument("--seed", type=int, default=0, metavar="S")
     parser.add_argument("--dtype", choices=DTYPES, default="bfloat16")
-    parser.add_argument("--draft", metavar="DIR", help="LongSpec draft (speculative decoding)")
+    parser.add_argument("--draft", metavar="DIR",
+                        help="LongSpec draft (speculative decoding); default: the embedded default model's draft "
+                             "when --target is not given")
+    parser.add_argument("--no-draft", action="store_true", help="plain decoding with the default model")
     parser.add_argument("--tree-shape", type=tree_shape_arg, default=(4, 16, 16, 16, 16), metavar="C0,C1,...",
-                        help="speculative tree: beams per level (with --draft)")
+                        help="speculative tree: beams per level (with a draft)")
     parser.add_argument("--draft-sampling", action="store_true",
-                        help="with --draft, --temperature > 0 and a chain --tree-shape (1,1,1,1): the draft samples "
+                        help="with a draft, --temperature > 0 and a chain --tree-shape (1,1,1,1): the draft samples "
                              "its chain, verified by speculative sampling (as exact; more tokens per round)")
     parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     parser.add_argument("--repeat", type=_non_negative_int, default=0, metavar="N",
@@ -158,13 +162,24 @@ def _read_prompt(args, parser) -> str:
         parser.error(f"cannot read --prompt-file {args.prompt_file}: {e}")
 
 
-def _load(args, dtype):
-    """Returns (target, tokenizer, description)."""
+def model_dirs(args) -> tuple[str | None, str | None]:
+    """The target and draft directories to load: ``--target`` / ``--draft``, else the embedded default model and
+    its draft (``FileNotFoundError`` naming the directory where one is missing); no target for ``--tiny-random``."""
+    if args.target is not None or args.tiny_random:
+        return args.target, args.draft
+    default = {"target": DEFAULT_MODEL / "target", "draft": DEFAULT_MODEL / "draft"}
+    wanted = ["target"] + ([] if args.no_draft or args.draft else ["draft"])
+    for name in wanted:
+        if not (default[name] / "config.json").is_file():
+            raise FileNotFoundError(f"the default model's {name} is missing: no config.json in {default[name]} "
+                                    "(give --target DIR, or --tiny-random for a tiny random model)")
+    return os.fspath(default["target"]), args.draft or (None if args.no_draft else os.fspath(default["draft"]))
+
+
+def _load(args, path, dtype):
+    """Returns (target, tokenizer, description) of the target directory ``path`` (None: the tiny random one)."""
     from longspec_jax import load_target
 
-    path = args.target
-    if path is None and not args.tiny_random and (DEFAULT_FIXTURE / "config.json").is_file():
-        path = os.fspath(DEFAULT_FIXTURE.resolve())
     if path is None:
         target, tokenizer = tiny_random_target(dtype, args.seed)
         return target, tokenizer, "tiny random Llama (in memory, byte tokenizer)"
@@ -184,8 +199,11 @@ def main(argv=None) -> int:
     prompt = _read_prompt(args, parser)
     if args.draft is not None and not os.path.exists(args.draft):
         parser.error(f"--draft {args.draft}: no such file or directory")
-    if args.draft_sampling and args.draft is None:
-        parser.error("--draft-sampling needs --draft (the draft samples the chain)")
+    if args.no_draft and args.draft is not None:
+        parser.error("give either --draft or --no-draft, not both")
+    has_draft = args.draft is not None or not (args.no_draft or args.target or args.tiny_random)
+    if args.draft_sampling and not has_draft:
+        parser.error("--draft-sampling needs a draft (the draft samples the chain)")
     if args.tiny_random and args.target is not None:
         parser.error("give either --target or --tiny-random, not both")
     if args.target is not None and not os.path.isdir(args.target):
@@ -198,12 +216,14 @@ def main(argv=None) -> int:
 
     dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}[args.dtype]
     try:
-        target, tokenizer, where = _load(args, dtype)
-        draft = load_draft(args.draft, target) if args.draft else None
+        target_dir, draft_dir = model_dirs(args)
+        target, tokenizer, where = _load(args, target_dir, dtype)
+        draft = load_draft(draft_dir, target) if draft_dir else None
         ids = list(tokenizer.encode(prompt))
         if not ids:
             raise ValueError("the prompt is empty (it encodes to 0 tokens)")
-        print(f"[infer.main] target: {where} ({args.dtype}); prompt: {len(ids)} tokens", file=sys.stderr)
+        print(f"[infer.main] target: {where} ({args.dtype}); draft: {draft_dir or 'none (plain decoding)'}; "
+              f"prompt: {len(ids)} tokens", file=sys.stderr)
         kwargs = dict(draft=draft, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                       top_p=args.top_p, seed=args.seed, tree_shape=args.tree_shape,
                       eos_token_id=[] if args.ignore_eos else None, draft_sampling=args.draft_sampling)
@@ -218,7 +238,7 @@ def main(argv=None) -> int:
         print(f"[infer.main] {n} tokens in {first_s:.3f} s (first call, includes compilation and prefill): "
               f"{n / first_s:.2f} tokens/s", file=sys.stderr)
         if draft is not None:
-            print(f"[infer.main] rounds: {int(out.num_rounds[0])}, mean accepted (tau): {out.mean_accepted:.3f}",
+            print(f"[infer.main] {int(out.num_rounds[0])} rounds: {out.mean_accepted:.2f} tokens per round (tau)",
                   file=sys.stderr)
         if args.repeat:
             streamer.enabled = False

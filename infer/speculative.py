@@ -1,5 +1,5 @@
 """LongSpec tree speculative decoding: prefill, then rounds of (draft step 0, beam-search tree, verify with
-hybrid tree attention, accept, commit) inside one ``lax.while_loop`` (architecture.md section 3).
+hybrid tree attention, accept, commit) inside one ``lax.while_loop`` (docs/architecture.md, "One speculative round").
 
 The draft's runtime lives in :mod:`longspec_jax.draft`, the tree build and the acceptance walk in
 :mod:`longspec_jax.tree`, the commit in :mod:`longspec_jax.kv_cache`; this module composes them into a round
@@ -27,8 +27,8 @@ from longspec_jax.tree import RANK_SLOTS, Acceptance, DraftSample, Tree, TreeSpe
 # XLA options the speculative loop is compiled with (by generate(), reproducible or not, and by the benchmarks):
 # inside a command buffer, kernels that do not depend on each other may run at the same time, where XLA's default
 # runs them one after another in its schedule's order. At 16k on the padded 8B pair a round is 4.1% faster (6.9%
-# with generate's reproducible options), while a plain step is 2.5% slower, so plain decoding keeps the default
-# (docs/benchmarks.md 7m). It changes how kernels are launched, not the kernels, so not the output.
+# with generate's reproducible options), while a plain step is 2.5% slower, so plain decoding keeps the default.
+# It changes how kernels are launched, not the kernels, so not the output.
 SPECULATIVE_OPTIONS = {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}
 
 
@@ -48,7 +48,7 @@ def sampled_tree_acceptance(tree: Tree, target_logits_BxNxV, key, settings: "Spe
 
 # Verification runs the tree padded to a multiple of this many nodes (:func:`pad_tree_nodes`): XLA pads the rows of
 # every cuBLAS GEMM to a multiple of 8 and slices them off again, in every layer; padding the tree once makes a round
-# 1.7-5.3% faster end to end on the H200 (docs/benchmarks.md 7q).
+# 1.7-5.3% faster end to end on the H200 (oracle rounds on the 8B-cost pair at 16k, docs/results.md).
 VERIFY_NODE_MULTIPLE = 8
 
 

@@ -27,8 +27,8 @@ from pallas.sizes import ceil_div
 
 IMPLS = ("auto", "gpu", "pallas", "cudnn", "mosaic", "xla", "naive")
 # "gpu" (what "auto" picks on a GPU) takes a tensor-core cache half from this many query rows (queries x GQA group)
-# on, in half precision: the Mosaic GPU one on Hopper (docs/benchmarks.md 7h: 4.5% less busy rounds than cuDNN's),
-# cuDNN's elsewhere; the Pallas split-K kernel below that. Set from the H200 sweep in docs/benchmarks.md.
+# on, in half precision: the Mosaic GPU one on Hopper (rounds 4.5% less busy than with cuDNN's on the H200),
+# cuDNN's elsewhere; the Pallas split-K kernel below that (one query row per sequence in plain decoding).
 TENSOR_CORE_MIN_ROWS = 64
 # "mosaic" takes the Mosaic GPU cache half from this many rows on (one compute warpgroup's), the Pallas one below.
 MOSAIC_MIN_ROWS = 64

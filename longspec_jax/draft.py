@@ -1,5 +1,5 @@
 """The LongSpec draft: one decoder layer of windowed self-attention, cross-attention into the target's
-last-layer KV cache, and a SwiGLU MLP (reference.md section 1), as a functional Flax module, and its runtime in
+last-layer KV cache, and a SwiGLU MLP (as in the PyTorch LongSpec code), as a functional Flax module, and its runtime in
 a speculative round (ring-cache prefill, step 0 on the pending tokens, log-probs of a tree level).
 
 The draft shares the target's embedding, LM head and RoPE; it has no final norm. Submodule and parameter names

@@ -1,4 +1,4 @@
-"""Draft checkpoints in the two PyTorch LongSpec formats (reference.md 1.7 and 4.7).
+"""Draft checkpoints in the two PyTorch LongSpec formats (the released HF format and the training ``.pth``).
 
 * HF release format (``sail/longspec-*``): a directory with ``config.json`` (the *target's* HF config; the draft
   layer is built from it) and ``model.safetensors`` holding exactly the 20 unprefixed keys of the draft layer in

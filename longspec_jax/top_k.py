@@ -1,7 +1,7 @@
 """Exact top-k over long rows in stages, for GPUs.
 
 XLA's GPU top-k for small k took 124 us for 16 rows x 16384, k = 16 on the H200 (and 60 us for the same
-values as 1024 rows of 256), while the bytes take ~1 us (docs/benchmarks.md section 7). Here each row is cut
+values as 1024 rows of 256), while the bytes take ~1 us. Here each row is cut
 into segments of ``SEGMENT`` values, each segment is sorted (a stable sort of a few hundred values runs in one
 thread block's shared memory, every SM busy) and its first k kept, and the surviving ``segments x k``
 candidates are reduced the same way, recursively, down to one sorted row.

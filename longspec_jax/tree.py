@@ -284,7 +284,7 @@ def accept(tree_tokens_BxN: jax.Array, parents_BxN: jax.Array, mask_BxNxN: jax.A
 
     ``choices[n]`` is the target's token after node n: its argmax (greedy) or an independent draw from its
     sampling distribution (T > 0). Each emitted token is then exactly the target's own choice given its
-    prefix, so the output distribution is the target's (architecture.md section 5).
+    prefix, so the output distribution is the target's (docs/architecture.md, "Acceptance that is exact").
     """
     B, N = tree_tokens_BxN.shape
     parent_choice = jnp.take_along_axis(choices_BxN, jnp.maximum(parents_BxN, 0), axis=1)

@@ -141,7 +141,7 @@ def target_tensor_specs(config: TargetConfig) -> list[TensorSpec]:
 
 
 def draft_tensor_specs(config: "DraftConfig") -> list[TensorSpec]:
-    """LongSpec draft checkpoint layout (reference.md 1.7: 20 unprefixed keys), mapped to the Flax variables of
+    """LongSpec draft checkpoint layout (20 unprefixed keys), mapped to the Flax variables of
     :class:`longspec_jax.draft.DraftLayer` (``{"params": {"self_attn": {"q_proj": {"kernel", "bias"}}, ...}}``).
 
     q/k/v projections of both attention blocks carry biases, o_proj none; MLP biases only when

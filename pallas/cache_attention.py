@@ -111,8 +111,8 @@ def default_config(batch: int, kv_heads: int, num_queries: int, group: int, capa
     K/V tiles through L2). Keys: tiles of at most 32 KiB (128 bf16 rows of 128) so that K and V for
     ``num_stages`` pipeline stages fit in shared memory. Splits: about two programs per SM in all (four when the
     rows need several blocks: those programs are compute-bound and short), capped so that a chunk of a full
-    cache keeps >= 2 key blocks, and at 64. Two pipeline stages. The H200 sweeps behind these choices are in
-    docs/benchmarks.md (section 2).
+    cache keeps >= 2 key blocks, and at 64. Two pipeline stages (on the H200, plain decoding's cache half at 32k
+    took 41.6 us with two, 44.2 with three).
     """
     rows = num_queries * group
     block_r = next_pow2(rows, 16) if rows <= 128 else 128

@@ -296,7 +296,7 @@ def mosaic_cache_partials(q_BxRxKxD, k_cache_BxSxKxD, v_cache_BxSxKxD, lengths_B
     nothing, and its rows of the output are left unwritten. ``interpret=True`` runs the kernel in jax's Mosaic GPU
     interpreter (any device; slow, for tests; always with ``accumulate="fresh"``). profile_dir: run Mosaic GPU's
     on-device profiler, which writes a Chrome trace of each call's named scopes per warpgroup there (compiled
-    kernel only; :mod:`infer.bench.mosaic_phases` reads it).
+    kernel only; :mod:`tools.mosaic_phases` reads it).
     """
     B, R, K, D = q_BxRxKxD.shape
     if k_cache_BxSxKxD.shape[0] != B or k_cache_BxSxKxD.shape[2:] != (K, D) or (

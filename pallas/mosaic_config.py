@@ -1,5 +1,5 @@
 """Launch shape of the Mosaic GPU cache half (:mod:`pallas.mosaic_cache_attention`): the config it runs with and
-the default chosen from the call's sizes, tuned on the H200 (docs/benchmarks.md 7c-7i)."""
+the default chosen from the call's sizes, tuned on the H200 by sweeps of the cache half alone and in the round."""
 
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ class MosaicConfig:
     accumulate: str = "state"  # P V straight into the output accumulator (pl.run_state); "fresh": into a new
     # accumulator, then rescale-and-add in one FMA (2% slower on the H200; what jax's interpreter can run)
     pingpong: bool = True  # two compute warpgroups take turns on the tensor cores; False: each issues when ready
-    # (slower on the H200, docs/benchmarks.md 7f; the schedule three warpgroups always use, testable in the interpreter)
+    # (3% slower on the H200; the schedule three warpgroups always use, testable in the interpreter)
     light_splits: int | None = None  # split count of the last row block when some of its rows are padding (its
     # later splits are empty); None: num_splits. A row block with an idle warpgroup runs faster, so it can take
-    # fewer, longer chunks (docs/benchmarks.md 7t)
+    # fewer, longer chunks
 
     def rows_per_block(self) -> int:
         return self.compute_wgs * ROWS_PER_WG
@@ -59,12 +59,12 @@ class MosaicConfig:
                              f"shared memory for head_dim {head_dim}; at most {SMEM_BYTES}")
 
 
-# Thread blocks per SM that the split count aims at, from the H200 sweep of docs/benchmarks.md 7c (74 queries; the
+# Thread blocks per SM that the split count aims at, from an H200 sweep (74 queries; the
 # best of 5 to 10 split counts at each of four shapes): about 4.9 waves for head_dim 64, 1.8 for head_dim 128.
 # More splits fill the SMs better but write and merge more partial outputs.
 WAVES = {64: 4.9, 128: 1.8}
 # Fewest cache slots per split: shorter chunks spend more of their time filling the pipeline and writing partials
-# than extra waves win back (docs/benchmarks.md 7g: the draft's cross-attention, 64 rows at 16k, B=1: 24 splits
+# than extra waves win back (H200, the draft's cross-attention, 64 rows at 16k, B=1: 24 splits
 # of 683 keys 38.4 us, the waves' 36 splits of 455 keys 46.0 us).
 MIN_SPLIT_KEYS = 640
 
@@ -78,7 +78,7 @@ def full_wave_splits(blocks: int, most: int, slots: int = NUM_SMS) -> int:
 
 def default_compute_wgs(rows: int, head_dim: int) -> int:
     """Compute warpgroups per thread block: one for at most 64 rows, two up to 128 and at head_dim above 64 (three:
-    twice as slow at 128, docs/benchmarks.md 7f); above 128 rows at head_dim 64 three (7h: 1.8% less busy
+    twice as slow at 128 on the H200); above 128 rows at head_dim 64 three (1.8% less busy
     verification in the round, 16% faster prefill chunks alone)."""
     if rows <= ROWS_PER_WG:
         return 1
@@ -106,12 +106,12 @@ def default_mosaic_config(batch: int, kv_heads: int, rows: int, capacity: int, h
     128), two stages (three for head_dim 64). Split count: the one whose thread blocks of (up to) two warpgroups
     come closest to ``WAVES`` waves of the SMs, with at least ``MIN_SPLIT_KEYS`` of the ``capacity`` slots per
     split; with more than one compute warpgroup, then the :func:`full_wave_splits` count of at most half again as
-    many (docs/benchmarks.md 7i: the best of the H200 sweep at six shapes; verification at 16k, 11 splits instead
+    many (the best of an H200 sweep at six shapes; verification at 16k, 11 splits instead
     of 12 filled three whole waves, 11% less time alone, 2.9% less in the round).
 
     one_wave: where the last row block has an idle warpgroup (72 queries x group 4 = 288 rows in blocks of 128 or
     192), take :func:`one_wave_splits` instead when it cuts no more chunks than the rule above: every thread block
-    in one wave, the light row block in fewer, longer chunks (docs/benchmarks.md 7t, H200, the cache half alone:
+    in one wave, the light row block in fewer, longer chunks (H200, the cache half alone:
     -8% at the padded pair's 16k verification, -2.4% at 32k, Llama-3-8B's -10% at 16k and -4% at 32k; the padded
     round at 16k 1.4-2.2% less busy, at 32k unchanged)."""
     block_kv = 128 if head_dim <= 128 else 64
@@ -123,7 +123,7 @@ def default_mosaic_config(batch: int, kv_heads: int, rows: int, capacity: int, h
     splits = max(min(round(waves * num_sms / blocks), most), 1)
     compute_wgs = default_compute_wgs(rows, head_dim) if compute_wgs is None else compute_wgs
     cfg = MosaicConfig(num_splits=splits, block_kv=block_kv, stages=stages, compute_wgs=compute_wgs)
-    if compute_wgs == 1:  # several blocks per SM and short chunks: the waves rule measured best (7g, 7h)
+    if compute_wgs == 1:  # several blocks per SM and short chunks: the waves rule measured best on the H200
         return cfg
     row_blocks = ceil_div(rows, compute_wgs * ROWS_PER_WG)
     slots = num_sms * cfg.blocks_per_sm(head_dim)

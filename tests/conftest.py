@@ -21,7 +21,7 @@ import pytest
 jax.config.update("jax_default_matmul_precision", "highest")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# CI runs on a clean clone placed beside ../shared, so the path is relative to the repository.
+# The trained code-LM fixture is looked for beside the repository; its tests skip where it is absent.
 FIXTURE_DIR = (REPO_ROOT / ".." / "shared" / "fixtures" / "code-lm").resolve()
 HAVE_FIXTURE = (FIXTURE_DIR / "config.json").is_file()
 needs_fixture = pytest.mark.skipif(not HAVE_FIXTURE, reason=f"code-LM fixture not found at {FIXTURE_DIR}")
@@ -84,7 +84,7 @@ def save_hf_model(model, path, **kwargs) -> Path:
 
 @pytest.fixture(scope="session")
 def hf_model_dir(tmp_path_factory):
-    """``hf_model_dir(name) -> (torch model, saved dir)``, built once per session."""
+    """``hf_model_dir(name) -> (torch model, saved dir)``, built once per test run."""
     cache = {}
 
     def get(name: str):

@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding
 
 import tests.conftest  # noqa: F401  (CPU, float32 matmuls at highest precision)
 from infer import PromptLookup, generate
-from infer.bench.oracle import oracle_draft
+from longspec_jax.testing import oracle_draft
 from infer.decoding import DecodeSettings
 from infer.generate import on_mesh
 from infer.plain import decode_step

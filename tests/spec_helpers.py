@@ -8,8 +8,8 @@ import importlib
 import jax.numpy as jnp
 import numpy as np
 
-from infer.bench import oracle
-from infer.bench.tiny import TINY, random_draft, tiny_target
+from longspec_jax import testing
+from longspec_jax.testing import TINY, random_draft, tiny_target
 from longspec_jax.draft import Draft
 
 __all__ = ["TINY", "ORACLE_SLOTS", "tiny_target", "random_draft", "oracle_draft", "noisy_oracle_draft",
@@ -20,8 +20,8 @@ ORACLE_SLOTS = 512
 
 def oracle_draft(base: Draft, prompts, continuations, wrong_every: int = 0, phase: int = 0,
                  vocab_size: int = TINY.vocab_size, slots: int = ORACLE_SLOTS) -> Draft:
-    """:func:`infer.bench.oracle.oracle_draft` with the tiny test model's defaults."""
-    return oracle.oracle_draft(base, prompts, continuations, vocab_size, slots, wrong_every, phase)
+    """:func:`longspec_jax.testing.oracle_draft` with the tiny test model's defaults."""
+    return testing.oracle_draft(base, prompts, continuations, vocab_size, slots, wrong_every, phase)
 
 
 def noisy_oracle_draft(base: Draft, prompts, continuations, wrong_rate: float, seed: int,

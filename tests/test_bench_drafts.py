@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from infer.bench import drafts
-from infer.bench.tiny import random_draft, tiny_target
+from longspec_jax.testing import random_draft, tiny_target
 
 
 def test_prompt_windows_are_seeded_slices_of_long_enough_documents():

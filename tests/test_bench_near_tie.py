@@ -7,7 +7,7 @@ import numpy as np
 
 from infer.bench.near_tie import (earliest_parting, first_divergence, float32_reference, greedy_top2_gaps,
                                   lossless_cell, parting, partings, top2_logit_gap)
-from infer.bench.tiny import tiny_target
+from longspec_jax.testing import tiny_target
 from longspec_jax.kv_cache import init_cache
 from longspec_jax.target import forward, lm_head_logits
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from infer.bench import repro
-from infer.bench.tiny import tiny_target
+from longspec_jax.testing import tiny_target
 
 generate_module = importlib.import_module("infer.generate")
 

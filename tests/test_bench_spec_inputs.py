@@ -7,7 +7,7 @@ import pytest
 
 from infer.bench import spec_inputs
 from infer.bench.near_tie import greedy_top2_gaps
-from infer.bench.tiny import tiny_target
+from longspec_jax.testing import tiny_target
 
 
 def _bytes_tokenizer(text):

@@ -57,7 +57,7 @@ def test_summary_arithmetic():
 
 
 def test_probe_reuses_the_full_calls_program():
-    from infer.bench.tiny import random_draft, tiny_target
+    from longspec_jax.testing import random_draft, tiny_target
     from infer.generate import plan_lookup, plan_shapes, plan_speculative
     from infer.lookup import PromptLookup
     from longspec_jax.sampling import SamplingConfig

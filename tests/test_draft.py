@@ -1,5 +1,5 @@
 """Draft parity: our Flax ``DraftLayer``, driven with the attention functions of the draft's runtime, vs a
-test-only PyTorch draft layer written from reference.md section 1 (tests/torch_reference_draft.py).
+test-only PyTorch draft layer written from the PyTorch LongSpec code (tests/torch_reference_draft.py).
 
 Random weights (biases and norm weights too), float32, GQA and MHA, default / linear / llama3 RoPE, sequences
 longer than a small window so that the window matters, and cross-attention gaps 1 (inference) and 3 (noisy

@@ -1,8 +1,8 @@
-"""Draft checkpoint interop with PyTorch LongSpec (issue 5): HF release format (config.json + model.safetensors),
+"""Draft checkpoint interop with PyTorch LongSpec: HF release format (config.json + model.safetensors),
 training format (draft_model_weights.pth), Orbax training checkpoints and the ``train.export`` CLI.
 
 Round trips are bit-exact; exported drafts load strictly into the test-only torch layer written from
-reference.md and give our logits; bad files fail with errors that name the problem.
+the PyTorch LongSpec code and give our logits; bad files fail with errors that name the problem.
 """
 
 from __future__ import annotations

@@ -195,7 +195,7 @@ def test_on_tokens_streams_every_emitted_token_in_order(target, prompts, free_ru
 
 @pytest.mark.slow
 def test_pad_prompts_to_shares_one_program_and_keeps_the_tokens():
-    from infer.bench.tiny import random_draft, tiny_target
+    from longspec_jax.testing import random_draft, tiny_target
 
     target, draft = tiny_target(0), random_draft(1)
     for d in (None, draft):

@@ -1,7 +1,7 @@
 """GPU end to end: bf16 speculative decoding equals plain greedy decoding, up to divergences at near-ties of the
-target's logits (architecture.md section 7), with the all-Pallas attention, with what ``auto`` picks (on Hopper
-the Mosaic GPU cache half for verification and prefill), and with the Mosaic GPU and the cuDNN cache halves
-named. Run with JAX_PLATFORMS=cuda."""
+target's logits (docs/architecture.md, "Numerics and testing"), with the all-Pallas attention, with what ``auto``
+picks (on Hopper the Mosaic GPU cache half for verification and prefill), and with the Mosaic GPU and the cuDNN
+cache halves named. Run with JAX_PLATFORMS=cuda."""
 
 from __future__ import annotations
 

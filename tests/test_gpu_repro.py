@@ -45,7 +45,7 @@ def test_reproducible_compile_is_about_as_fast_as_autotuned():
     import numpy as np
 
     from infer.bench.decode import LLAMA3_8B
-    from infer.bench.random_model import random_target
+    from longspec_jax.testing import random_target
     from infer.generate import generate
 
     target = random_target(dict(LLAMA3_8B, num_layers=4), None, jnp.bfloat16, std=0.02)

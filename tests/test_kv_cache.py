@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from infer.bench.tiny import tiny_target
+from longspec_jax.testing import tiny_target
 from longspec_jax.kv_cache import TreeKV, commit, init_cache
 from longspec_jax.target import forward, forward_tree
 

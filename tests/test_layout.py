@@ -1,6 +1,7 @@
-"""The house rules of docs/architecture.md: imports flow one way (pallas <- longspec_jax <- infer <- infer.bench;
-train uses longspec_jax), no import cycles (imports inside functions included), product code never imports
-tests, no product module over 400 lines, and every module imports in a fresh interpreter."""
+"""The house rules of docs/architecture.md: imports flow one way (pallas <- longspec_jax <- infer <- infer.bench
+<- tools; train uses longspec_jax), no import cycles (imports inside functions included), nothing imports tests,
+the installed packages never import tools, no module over 400 lines, and every module imports in a fresh
+interpreter."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ import sys
 
 from tests.conftest import REPO_ROOT
 
-PACKAGES = ("pallas", "longspec_jax", "infer", "train")
+PACKAGES = ("pallas", "longspec_jax", "infer", "train", "tools")  # tools/ is not installed (pyproject.toml)
 # Which top-level parts each part may import (infer.bench is a part of its own).
 ALLOWED = {"pallas": {"pallas"}, "longspec_jax": {"longspec_jax", "pallas"},
            "infer": {"infer", "longspec_jax", "pallas"},
            "infer.bench": {"infer.bench", "infer", "longspec_jax", "pallas"},
-           "train": {"train", "longspec_jax", "pallas"}}
+           "train": {"train", "longspec_jax", "pallas"},
+           "tools": {"tools", "infer.bench", "infer", "longspec_jax", "pallas"}}
 MAX_LINES = 400
 
 
@@ -53,7 +55,14 @@ def _graph():
     return mods, graph
 
 
-def test_no_product_module_imports_tests_or_breaks_the_flow():
+def test_pyproject_installs_the_product_packages_only():
+    import tomllib
+
+    include = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert sorted(include["include"]) == sorted(f"{p}*" for p in PACKAGES if p != "tools")
+
+
+def test_no_module_imports_tests_or_breaks_the_flow():
     mods, graph = _graph()
     problems = []
     for name, path in mods.items():
@@ -87,7 +96,7 @@ def test_import_graph_has_no_cycle():
     assert not cycles, cycles
 
 
-def test_no_product_module_over_400_lines():
+def test_no_module_over_400_lines():
     long = {name: n for name, path in _modules().items() if (n := path.read_text().count("\n")) > MAX_LINES}
     assert not long, long
 

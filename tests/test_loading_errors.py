@@ -1,4 +1,4 @@
-"""Hostile inputs to the loaders (issue 12): corrupt safetensors headers, sharded indexes, config.json fields
+"""Hostile inputs to the loaders: corrupt safetensors headers, sharded indexes, config.json fields
 and drafts for another target each fail at the loader boundary with a ``ValueError`` subclass whose message
 names the file and the field; random header bytes and random header JSON either load or fail that way, and
 never read or allocate more than the file holds.

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from infer import PromptLookup, generate
-from infer.bench.tiny import tiny_target
+from longspec_jax.testing import tiny_target
 from infer.lookup import propose
 
 

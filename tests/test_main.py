@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from tests.conftest import HAVE_FIXTURE, REPO_ROOT
+from tests.conftest import REPO_ROOT
+from tests.sharded_cases import hf_config, write_checkpoint
 from infer import main as cli
 from longspec_jax.target import Target
 
@@ -60,19 +61,59 @@ def test_prompt_file_and_sampling(capsys, recorded, tmp_path):
     assert "prompt: 10 tokens" in err
 
 
-def test_default_target(capsys, recorded):
-    """No --target: the fixture beside the repository when present, else the tiny random model."""
-    code, out, err = run_cli(capsys, "--prompt", "def fibonacci(n):", "--max-new-tokens", "16",
-                             "--dtype", "float32")
+@pytest.fixture
+def default_model(monkeypatch, tmp_path):
+    """The embedded default model's place, pointed at ``tmp_path/default_model`` (empty: ``save()`` fills it with
+    a tiny random target of 256 tokens, read as bytes, and a random draft for it)."""
+    root = tmp_path / "default_model"
+    monkeypatch.setattr(cli, "DEFAULT_MODEL", root)
+
+    def save():
+        import jax
+
+        from longspec_jax import load_target, save_draft
+        from longspec_jax.draft import DraftConfig, init_draft
+
+        write_checkpoint(root / "target", hf_config(hidden_size=64, intermediate_size=64, num_attention_heads=4,
+                                                    num_key_value_heads=2, head_dim=16), seed=0)
+        target = load_target(root / "target")
+        save_draft(init_draft(DraftConfig.from_target(target.config), jax.random.PRNGKey(1)), root / "draft",
+                   format="hf", target=target)
+
+    return root, save
+
+
+def test_the_default_model_is_the_target_and_its_draft(capsys, recorded, default_model):
+    root, save = default_model
+    save()
+    argv = ["--prompt", "def fibonacci(n):", "--max-new-tokens", "12", "--dtype", "float32", "--ignore-eos",
+            "--tree-shape", "2,2"]  # one compiled round for both speculative runs
+    code, spec, err = run_cli(capsys, *argv)
     assert code == 0, err
-    target, result = recorded[0]
-    if HAVE_FIXTURE:
-        assert "code-lm" in err and target.tokenizer is not None
-        n = int(result.num_generated[0])
-        assert out == "def fibonacci(n):" + target.tokenizer.decode(result.tokens[0, :n].tolist()) + "\n"
-    else:
-        assert "tiny random" in err
-    assert "tokens/s" in err
+    assert f"target: {root / 'target'}" in err and f"draft: {root / 'draft'}" in err
+    assert "tokens/s" in err and "tokens per round (tau)" in err
+    assert recorded[0][1].num_rounds[0] < 12  # rounds, not one step per token
+    code, plain, err = run_cli(capsys, *argv, "--no-draft")
+    assert code == 0 and "draft: none (plain decoding)" in err and "tau" not in err
+    assert spec == plain  # greedy speculative decoding is plain greedy decoding
+    code, again, err = run_cli(capsys, *argv, "--draft", str(root / "draft"))
+    assert code == 0 and again == spec and "tokens per round (tau)" in err
+
+
+def test_a_missing_default_model_is_a_clear_error(capsys, default_model):
+    root, save = default_model
+    code, _, err = run_cli(capsys, "--prompt", "x")
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (f"error: the default model's target is missing: no config.json in "
+                                            f"{root / 'target'} (give --target DIR, or --tiny-random for a tiny "
+                                            "random model)")
+    save()
+    for path in (root / "draft").iterdir():
+        path.unlink()
+    code, _, err = run_cli(capsys, "--prompt", "x")
+    assert code == 2 and f"the default model's draft is missing: no config.json in {root / 'draft'}" in err
+    code, _, err = run_cli(capsys, "--prompt", "x", "--no-draft", "--max-new-tokens", "2")
+    assert code == 0, err
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -88,7 +129,9 @@ def test_default_target(capsys, recorded):
     (["--prompt", "x", "--draft", "/nonexistent/draft"], "--draft /nonexistent/draft: no such file"),
     (["--tiny-random", "--target", ".", "--prompt", "x"], "either --target or --tiny-random"),
     (["--prompt", "x", "--tree-shape", "4,x"], "--tree-shape: expected comma-separated positive integers"),
-    (["--tiny-random", "--prompt", "x", "--draft-sampling"], "--draft-sampling needs --draft"),
+    (["--tiny-random", "--prompt", "x", "--draft-sampling"], "--draft-sampling needs a draft"),
+    (["--prompt", "x", "--no-draft", "--draft-sampling"], "--draft-sampling needs a draft"),
+    (["--prompt", "x", "--no-draft", "--draft", "."], "either --draft or --no-draft"),
 ])
 def test_bad_arguments_are_argparse_errors(capsys, argv, message):
     with pytest.raises(SystemExit) as info:
@@ -134,13 +177,13 @@ def test_draft_gives_the_same_text_as_plain_decoding(capsys, tmp_path):
     assert code == 0
     code, spec, err = run_cli(capsys, *argv, "--draft", str(tmp_path / "draft"), "--tree-shape", "2,2,2")
     assert code == 0, err
-    assert spec == plain and "mean accepted (tau)" in err
+    assert spec == plain and "tokens per round (tau)" in err
     # a sampled chain: the flag reaches generate(), which checks the temperature and runs it at T > 0
     sampled = ["--draft", str(tmp_path / "draft"), "--tree-shape", "1,1,1", "--draft-sampling"]
     code, _, err = run_cli(capsys, *argv, *sampled)
     assert code == 2 and "draft_sampling needs temperature > 0" in err
     code, _, err = run_cli(capsys, *argv, *sampled, "--temperature", "1")
-    assert code == 0 and "mean accepted (tau)" in err, err
+    assert code == 0 and "tokens per round (tau)" in err, err
 
 
 def test_module_entry_point():

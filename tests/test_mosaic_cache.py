@@ -68,7 +68,8 @@ def _check_partials(B, M, S, H, K, D, lengths, cfg, interpret):
     R = M * (H // K)
     o, lse = mosaic_cache_partials(q_rows, k_bad, v_bad, lens, cfg=cfg, scale=0.3, valid_rows=R,
                                    interpret=interpret)
-    assert o.shape == (cfg.num_splits, B, q_rows.shape[1], K, D) and lse.shape == (cfg.num_splits, B, K, q_rows.shape[1])
+    assert o.shape == (cfg.num_splits, B, q_rows.shape[1], K, D)
+    assert lse.shape == (cfg.num_splits, B, K, q_rows.shape[1])
     o, lse = o[:, :, :R], jnp.swapaxes(lse, 2, 3)[:, :, :R]
     empty = np.isneginf(np.asarray(lse))
     assert (np.asarray(o, np.float32)[empty] == 0).all()
@@ -106,8 +107,9 @@ CASES = {
 }
 # Three compute warpgroups run on the GPU only: the interpreter runs a block's warpgroups as concurrent XLA
 # executions, and on a 2-core machine a fourth one never starts while the others wait at a barrier.
-DEFAULT_SUITE = ("wg1-splits3", "pingpong-stages3-d128", "pingpong-idle-wg-refills", "free-idle-wg-refills",
-                 "light-splits-wg1")
+# The default suite keeps the cheaper cases of each schedule (one warpgroup, ping-pong, a free idle warpgroup);
+# the interpreter takes about a minute for each of the others, which run with -m slow.
+DEFAULT_SUITE = ("wg1-splits3", "pingpong-idle-wg-refills", "free-idle-wg-refills")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in DEFAULT_SUITE else pytest.mark.slow)
@@ -214,7 +216,7 @@ def _warpgroup_branches(jaxpr):
 def test_each_warpgroup_sets_its_registers_at_the_head_of_its_branch(rows, K, D, wgs):
     """``set_max_registers`` must dominate the code it budgets: ptxas compiles a branch that begins with it to the
     new count, and code after one in a branch of its own to the launch's 65536 / threads (Llama-3-8B's verify config
-    then spilled, docs/benchmarks.md 7s). So each compute warpgroup's branch (its wgmma) and the memory
+    then spilled on the H200). So each compute warpgroup's branch (its wgmma) and the memory
     warpgroup's branch begin with it."""
     cfg = default_mosaic_config(1, K, rows, 16384, D, compute_wgs=wgs)
     q = jax.ShapeDtypeStruct((1, ceil_div(rows, cfg.rows_per_block()) * cfg.rows_per_block(), K, D), jnp.bfloat16)
@@ -247,7 +249,7 @@ def test_full_wave_splits():
 
 
 def test_one_wave_rule_gives_the_light_row_block_fewer_longer_chunks():
-    # every thread block in one wave, the most splits, light chunks at most half again as long (docs/benchmarks.md 7t)
+    # every thread block in one wave, the most splits, light chunks at most half again as long
     assert one_wave_splits(18, 18, 132, 11) == (4, 3)  # padded pair: 18 x (4 + 3) = 126 blocks; (4, 4): 144
     assert one_wave_splits(16, 8, 132, 11) == (6, 4)  # Llama-3-8B: 16 x 6 + 8 x 4 = 128; (6, 3) would be 2x long
     assert one_wave_splits(16, 4, 132, 13) == (7, 5)  # Qwen2-7B: 5 row blocks of two warpgroups
@@ -267,7 +269,7 @@ def test_one_wave_rule_gives_the_light_row_block_fewer_longer_chunks():
 
 
 def test_config_rules_and_errors():
-    # the H200 sweeps' best split counts (docs/benchmarks.md 7i): padded 8B heads at 16k and 32k (36 thread blocks of
+    # the H200 sweeps' best split counts: padded 8B heads at 16k and 32k (36 thread blocks of
     # three warpgroups per split), at batch 4 (144), Llama-3-8B (24 of two), Vicuna's MHA (32 of two)
     assert default_mosaic_config(1, 18, 276, 16640, 64, one_wave=False) == MosaicConfig(
         num_splits=11, block_kv=128, stages=3, compute_wgs=3)
@@ -365,7 +367,8 @@ for M, S, H, K, D in ((72, 16384, 72, 18, 64), (72, 32768, 32, 8, 128)):  # veri
                              jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((1, S, K, D), jnp.bfloat16)
     n = jax.ShapeDtypeStruct((1,), jnp.int32)
-    jax.jit(lambda q, k, v, n: mosaic_cache_partials(q, k, v, n, cfg=cfg, scale=D ** -0.5)).lower(q, kv, kv, n).compile()
+    partials = lambda q, k, v, n: mosaic_cache_partials(q, k, v, n, cfg=cfg, scale=D ** -0.5)
+    jax.jit(partials).lower(q, kv, kv, n).compile()
     print("compiled", cfg, flush=True)
 """
 
@@ -375,8 +378,8 @@ for M, S, H, K, D in ((72, 16384, 72, 18, 64), (72, 32768, 32, 8, 128)):  # veri
 def test_default_configs_compile_without_register_spills():
     """ptxas's report (MOSAIC_GPU_DUMP_PTXAS) for the verification pass's default configs: no spills. The compute
     warpgroups raise their register count at the head of their branch; raised in a branch of its own, it did not
-    reach the code, which ptxas then fit into the launch's 65536 / threads (Llama-3-8B's config spilled 12 bytes,
-    docs/benchmarks.md 7s)."""
+    reach the code, which ptxas then fit into the launch's 65536 / threads (Llama-3-8B's config spilled 12 bytes
+    on the H200)."""
     import os
     import re
     import subprocess

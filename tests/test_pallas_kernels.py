@@ -44,7 +44,7 @@ def ancestor_mask(parents: np.ndarray) -> np.ndarray:
 
 
 def verification_mask(rng, num_accepted: int, num_nodes: int, num_pad: int) -> np.ndarray:
-    """Target-side layout of reference.md section 2.4: accepted tokens (causal), then tree nodes (each sees
+    """The PyTorch LongSpec target-side layout: accepted tokens (causal), then tree nodes (each sees
     all accepted tokens plus its ancestors and itself, random parents), then padding rows that see nothing."""
     parents = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, num_nodes)])
     total = num_accepted + num_nodes + num_pad

@@ -181,7 +181,7 @@ def argmax_leak_acceptance(tree, target_logits_BxNxV, key, settings):
 
 
 def reference_pq_acceptance(tree, target_logits_BxNxV, key, settings):
-    """The PyTorch reference's T > 0 rule (reference.md 2.8): try the children in random order, accept child s
+    """The PyTorch reference's T > 0 rule (the PyTorch LongSpec code): try the children in random order, accept child s
     with probability min(1, p(s)/q(s)), on rejection p <- norm(max(p - q, 0)); with no child accepted, sample
     the bonus from the residual. Biased for deterministic top-k children."""
     B, N, V = target_logits_BxNxV.shape

@@ -125,7 +125,7 @@ def test_query_gets_no_gradient_from_keys_after_t_minus_s(s):
 @pytest.mark.parametrize("name", ["llama-gqa", "qwen2-mqa"])
 def test_draft_training_forward_matches_torch_reference(name, shift):
     """Whole-sequence training forward (windowed self-attention, noisy cross-attention, anchor-offset RoPE)
-    against the torch layer written from reference.md with the same masks."""
+    against the torch layer written from the PyTorch LongSpec code with the same masks."""
     config = target_config(name)
     draft = random_draft(config, seed=2)
     from longspec_jax.draft_io import hf_config_from_target_config

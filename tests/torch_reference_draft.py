@@ -1,4 +1,4 @@
-"""Test-only PyTorch LongSpec draft layer, written from reference.md section 1 (not from the JAX code).
+"""Test-only PyTorch LongSpec draft layer, written from the PyTorch LongSpec code (not from the JAX code).
 
 One decoder layer: windowed causal self-attention (q/k/v with bias, o without), cross-attention into given
 target last-layer K/V (the query at position t sees target positions <= t - gap), SwiGLU MLP, three HF-style
@@ -135,7 +135,7 @@ class TorchDraftLayer(PreTrainedModel):
         q = apply_rope(ca.heads(ca.q_proj(h), ca.num_heads), cos_BxTxD, sin_BxTxD)
         cross_mask = torch.arange(S)[None, :] <= (pos[:, None] - cross_gap)
         o = masked_attention(q, target_k_BxSxKxD.transpose(1, 2), target_v_BxSxKxD.transpose(1, 2), cross_mask)
-        x = x + ca.out(o)  # cross_attn.k_proj / v_proj are never used (reference.md 1.5)
+        x = x + ca.out(o)  # cross_attn.k_proj / v_proj are never used (nor in the PyTorch LongSpec code)
 
         return x + self.mlp(self.post_cross_attention_layernorm(x))
 

@@ -3,7 +3,7 @@
 OmegaConf (structured configs) does the merging and type conversion; this module turns its errors into
 :class:`longspec_jax.errors.ConfigError` messages that name the key (with a close-match hint for unknown keys)
 and checks what OmegaConf cannot: files that must exist, values in range, batch sizes that divide.
-Keys without a default (``???``) must be given. Defaults of the recipe equal the reference's (reference.md 4).
+Keys without a default (``???``) must be given. Defaults of the recipe equal the PyTorch LongSpec reference's.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class DraftSection:
 
 @dataclasses.dataclass
 class AnchorSection:
-    """Anchor-offset position indices (reference.md 4.2), drawn per sequence."""
+    """Anchor-offset position indices (the LongSpec recipe), drawn per sequence."""
 
     enabled: bool = True
     max_anchors: int = 4            # anchor count drawn from 0..max_anchors
@@ -66,7 +66,7 @@ class AnchorSection:
 
 @dataclasses.dataclass
 class NoiseSection:
-    """Flash noisy training (reference.md 4.3): the query at t sees target K/V at 0..t-s, s in 1..max_shift."""
+    """Flash noisy training (the LongSpec recipe): the query at t sees target K/V at 0..t-s, s in 1..max_shift."""
 
     max_shift: int = 4
 

@@ -11,7 +11,7 @@ the position before it) and ``length`` (real tokens; the rest is padding). Forma
   too long for the row loses its beginning.
 
 EOS is a target only with ``data.eos_is_target`` (the reference's stage-1 data pads with EOS and so never
-trains it, reference.md 4.6). Tokenisation uses the target's tokenizer as it encodes by default (a Llama
+trains it). Tokenisation uses the target's tokenizer as it encodes by default (a Llama
 tokenizer adds BOS to every segment, as the reference's collators do).
 
 ``python -m train.data --config FILE [dotted.key=value ...]`` tokenises a config's data ahead of training (the
@@ -87,7 +87,8 @@ def build_rows(files: list[str], data: DataSection, tokenizer, eos_id: int, pad_
     if num_proc > 1:  # processes tokenise in parallel; the tokenizer's own threads would oversubscribe
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     tokens = raw.map(tokenize, batched=True, batch_size=DOCS_PER_BATCH, remove_columns=raw.column_names,
-                     fn_kwargs=dict(tokenizer=tokenizer, data=data, eos_id=eos_id), num_proc=num_proc if num_proc > 1 else None,
+                     fn_kwargs=dict(tokenizer=tokenizer, data=data, eos_id=eos_id),
+                     num_proc=num_proc if num_proc > 1 else None,
                      new_fingerprint=tok_key, desc=f"{desc}: tokenise")
     rows_key = _fingerprint(files, tokenizer, data, ("seq_len", "pack", "eos_is_target"), tok_key, pad_id)
     if data.format == "text" and data.pack:

@@ -33,7 +33,8 @@ def train_flops_per_token(target: TargetConfig, draft: DraftConfig, seq_len: int
     attn_per_key = 4 * H * hd  # q.k and p.v
     full_layers = target.num_layers if kl else target.num_layers - 1
     target_flops = (target.num_layers * qkv + full_layers * (o + mlp + attn_per_key * mean_keys(seq_len)))
-    dd, dH, dK, dhd, dI = draft.hidden_size, draft.num_heads, draft.num_kv_heads, draft.head_dim, draft.intermediate_size
+    dd, dH, dK, dhd = draft.hidden_size, draft.num_heads, draft.num_kv_heads, draft.head_dim
+    dI = draft.intermediate_size
     draft_linear = 2 * dd * (dH + 2 * dK) * dhd + 2 * dH * dhd * dd + 2 * 2 * dd * dH * dhd + 2 * 3 * dd * dI
     draft_attn = 4 * dH * dhd * (mean_keys(seq_len, draft.window) + mean_keys(seq_len))
     draft_flops = 3 * (draft_linear + draft_attn)

@@ -84,7 +84,8 @@ def run(config: TrainConfig) -> list[dict]:
     flops = train_flops_per_token(target.config, draft_config, config.data.seq_len, kl=config.loss.kl_weight > 0)
     peak = config.train.peak_tflops * 1e12 or device_peak_flops(jax.devices()[0].device_kind)
     metadata = checkpoint_metadata(draft_config, target, extra={"config": config_to_dict(config)})
-    checkpointer = Checkpointer(ckpt_dir, metadata, keep=config.checkpoint.keep, async_save=config.checkpoint.async_save)
+    checkpointer = Checkpointer(ckpt_dir, metadata, keep=config.checkpoint.keep,
+                                async_save=config.checkpoint.async_save)
     OmegaConf.save(OmegaConf.structured(config), os.path.join(ckpt_dir, "config.yaml"))
     log = MetricsLog(ckpt_dir, config.train.steps, start, tensorboard=config.log.tensorboard,
                      progress=config.log.progress)

@@ -1,4 +1,4 @@
-"""The LongSpec training recipe (reference.md 4.1-4.3): anchor-offset positions, flash noisy cross-attention and
+"""The LongSpec training recipe: anchor-offset positions, flash noisy cross-attention and
 the draft's training forward over whole sequences.
 
 Draws are per sequence, from a key of its own (the reference draws once per forward call for the whole

@@ -130,7 +130,8 @@ def train_step(s: StepSettings, optimizer, schedule, state: TrainState, target_p
     new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                            opt_state=opt_state)
     metrics = {"loss": sums.nll / count, "kl": sums.kl / count, "accuracy": sums.correct / count,
-               "grad_norm": jnp.sqrt(sum(jnp.vdot(g, g) for g in jax.tree.leaves(grads))), "lr": schedule(state.step), "label_tokens": sums.count}
+               "grad_norm": jnp.sqrt(sum(jnp.vdot(g, g) for g in jax.tree.leaves(grads))), "lr": schedule(state.step),
+               "label_tokens": sums.count}
     return new_state, metrics
 
 

@@ -1,5 +1,5 @@
-"""Benchmarks and their helpers: ``python -m infer.bench {decode,attention,spec} [options]`` (see ``__main__``).
+"""Benchmarks: ``python -m infer.bench {decode,spec,drafts,repro,tasks,shard} [options]`` (see ``__main__``).
 
-One harness (:mod:`infer.bench.harness`: logging, in-loop timing, copy bandwidth, JSON + markdown), one module
-per benchmark, the HF PyTorch baseline, oracle drafts, near-tie checks and the tiny models of ``--smoke`` runs.
+One harness (:mod:`infer.bench.harness`: logging, timing, copy bandwidth, the shared command line, JSON +
+markdown), one module (or a few) per benchmark, the HF PyTorch baseline and near-tie checks.
 """

@@ -1,5 +1,6 @@
 """``python -m infer.bench NAME [options]``: runs one benchmark (``COMMANDS`` names them); ``... NAME --help`` lists
-its options. Each writes ``bench_NAME.json`` and ``bench_NAME.md`` under ``--out``; ``--smoke`` is a tiny CPU run."""
+its options. Each writes ``bench_NAME.json`` and ``bench_NAME.md`` under ``--out``; ``--smoke`` is a tiny CPU run.
+The kernel-development instruments are in ``tools/`` beside the package."""
 
 from __future__ import annotations
 
@@ -8,14 +9,13 @@ import sys
 
 COMMANDS = {
     "decode": "plain decode tokens/s: ours vs HF PyTorch generate vs the memory-bandwidth floor",
-    "attention": "hybrid tree attention and its kernels, in-loop timed, against the copy bandwidth",
-    "profile": "per-op GPU time of a round's phases and a plain step, from a profiler trace",
-    "spec": "speculative decoding on an 8B-cost pair: tokens/s, tau, per-round phase times, draft-state bytes",
+    "spec": "speculative decoding on an 8B-cost pair: tokens/s and tau against plain decoding, draft-state bytes",
     "drafts": "trained drafts on held-out prompts: tau and tokens/s against plain decoding, by context and T",
     "repro": "the same greedy generate() in several fresh processes: equal tokens? and the speed cost of the fix",
     "tasks": "long-context tasks: plain, LongSpec trees, chains, prompt lookup, HF; by bucket, T and batch",
     "shard": "tensor parallel: plain and speculative tokens/s on N devices vs one, the longest context that fits",
 }
+MOVED = {"attention": "python -m tools.attention", "profile": "python -m tools.profile"}  # run from a checkout
 
 
 def usage() -> str:
@@ -29,6 +29,10 @@ def main(argv=None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage(), file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
+    if argv[0] in MOVED:
+        print(f"{argv[0]} is a kernel-development tool now: {MOVED[argv[0]]} (from the repository root)",
+              file=sys.stderr)
+        return 2
     if argv[0] not in COMMANDS:
         print(f"unknown benchmark {argv[0]!r}\n\n{usage()}", file=sys.stderr)
         return 2

@@ -37,8 +37,9 @@ import time
 import traceback
 from pathlib import Path
 
-from infer.bench.floors import nbytes
-from infer.bench.harness import arg_parser, copy_bandwidth, error_text, log, md_header, md_row, time_loop, write_report
+from infer.bench.harness import (add_sized_args, arg_parser, copy_bandwidth, error_text, log, md_header, md_row,
+                                 nbytes, parse_sized, time_loop, write_report)
+from infer.main import positive_ints_arg
 
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
                  num_kv_heads=8, head_dim=128, rope_theta=500000.0, rms_norm_eps=1e-5)
@@ -48,16 +49,15 @@ PARTS = ("jax", "hf", "hf_static")
 # Seconds each worker may run at most (the overall --budget-s cuts further).
 PART_LIMITS = {"jax": 300.0, "hf": 200.0, "hf_static": 200.0}
 PREFILL_CHUNK = 512
-SMOKE_CONTEXTS, SMOKE_NEW_TOKENS = "64,128", 16
+DEFAULTS = dict(contexts=(1024, 16384, 32768), new_tokens=128)
+SMOKE = dict(contexts=(64, 128), new_tokens=16)
 PROG = "python -m infer.bench decode"
 
 
 def parse_args(argv=None):
     p = arg_parser("decode", __doc__, "tiny shapes on the CPU (for tests)")
-    p.add_argument("--contexts", help="prompt lengths, comma-separated (default 1024,16384,32768; with --smoke "
-                                      f"{SMOKE_CONTEXTS})")
-    p.add_argument("--new-tokens", type=int, help=f"decode steps timed per run (default 128; with --smoke "
-                                                  f"{SMOKE_NEW_TOKENS})")
+    add_sized_args(p, (("contexts", positive_ints_arg, "prompt lengths"),
+                       ("new-tokens", int, "decode steps timed per run")), DEFAULTS, SMOKE)
     p.add_argument("--hf-new-tokens", type=int, default=0, help="decode steps for HF (0 = --new-tokens)")
     p.add_argument("--reps", type=int, default=3, help="timed runs per context for jax (median)")
     p.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
@@ -67,16 +67,8 @@ def parse_args(argv=None):
     # internal
     p.add_argument("--worker", choices=PARTS, help=argparse.SUPPRESS)
     p.add_argument("--results", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    args = parse_sized(p, argv, DEFAULTS, SMOKE)
     args.argv = sys.argv[1:] if argv is None else list(argv)
-    args.contexts = args.contexts or (SMOKE_CONTEXTS if args.smoke else "1024,16384,32768")
-    args.new_tokens = args.new_tokens or (SMOKE_NEW_TOKENS if args.smoke else 128)
-    try:
-        args.context_list = [int(x) for x in args.contexts.split(",") if x]
-    except ValueError:
-        p.error(f"--contexts must be comma-separated integers, got {args.contexts!r}")
-    if not args.context_list or min(args.context_list) <= 0:
-        p.error("--contexts must list positive lengths")
     if args.new_tokens <= 1:
         p.error("--new-tokens must be > 1")
     parts = [x for x in args.parts.split(",") if x]
@@ -148,8 +140,8 @@ def jax_worker(args, record: Recorder) -> None:
         record(kind="copy", error=error_text(e))
 
     N = args.new_tokens
-    _, chunk, _, capacity = plan_shapes(max(args.context_list), N, 1, PREFILL_CHUNK)
-    padded = round_up(max(args.context_list), chunk)
+    _, chunk, _, capacity = plan_shapes(max(args.contexts), N, 1, PREFILL_CHUNK)
+    padded = round_up(max(args.contexts), chunk)
     config = TargetConfig(model_type="llama", vocab_size=s["vocab_size"], hidden_size=s["hidden_size"],
                           intermediate_size=s["intermediate_size"], num_layers=s["num_layers"],
                           num_heads=s["num_heads"], num_kv_heads=s["num_kv_heads"], head_dim=s["head_dim"],
@@ -190,7 +182,7 @@ def jax_worker(args, record: Recorder) -> None:
 
         cache = init_cache(config.num_layers, 1, capacity, config.num_kv_heads, config.head_dim, jnp.bfloat16)
         done_ok[impl_name] = 0
-        for ctx in args.context_list:
+        for ctx in args.contexts:
             try:
                 t0 = time.perf_counter()
                 first, cache = prefill_fn(params, tokens, jnp.full((1,), ctx, jnp.int32), cache)
@@ -234,7 +226,7 @@ def jax_worker(args, record: Recorder) -> None:
 
 def run_worker(args, part: str, results: Path, timeout: float) -> dict:
     cmd = [sys.executable, "-m", "infer.bench", "decode", "--worker", part, "--results", str(results),
-           "--out", args.out, "--contexts", args.contexts, "--new-tokens", str(args.new_tokens),
+           "--out", args.out, "--contexts", ",".join(map(str, args.contexts)), "--new-tokens", str(args.new_tokens),
            "--hf-new-tokens", str(args.hf_new_tokens), "--reps", str(args.reps), "--impls", args.impls]
     if args.smoke:
         cmd.append("--smoke")
@@ -272,7 +264,7 @@ def summarize(args, records: list[dict], workers: list[dict]) -> dict:
     copy = next((r for r in records if r.get("kind") == "copy" and "bytes_per_s" in r), None)
     bw = copy["bytes_per_s"] if copy else None
     rows = []
-    for ctx in args.context_list:
+    for ctx in args.contexts:
         row = {"context": ctx, "weight_bytes": w["bytes"], "kv_bytes": kv_bytes(s, ctx)}
         if bw:
             row["floor_ms"] = 1e3 * (w["bytes"] + row["kv_bytes"]) / bw
@@ -352,7 +344,7 @@ def main(argv=None) -> dict | None:
             jax_worker(args, record)
         else:
             from infer.bench.hf_baseline import hf_worker
-            hf_worker(shapes(args), args.context_list, args.hf_new_tokens, args.smoke, record,
+            hf_worker(shapes(args), args.contexts, args.hf_new_tokens, args.smoke, record,
                       static=args.worker == "hf_static")
         return None
     out = Path(args.out)

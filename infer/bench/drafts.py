@@ -10,30 +10,32 @@ Prompts: ``--num-prompts`` windows of each context length at seeded random offse
 reference's convention): a generation's post-prefill loop is timed on its own (median of ``--reps``), compiled
 as ``generate()`` compiles it (``--compile``: autotuned, i.e. ``reproducible=False``, or the default reproducible).
 tau = tokens generated / (rounds + 1) and tokens/s are summed over the prompts. At T = 0 each speculative output
-is compared with the plain one (first divergence; bf16 paths may part at near-ties, architecture.md section 7).
+is compared with the plain one (first divergence; bf16 paths may part at near-ties,
+docs/architecture.md, "Numerics and testing").
 ``repeat_4gram_share``: the share of the plain output's 4-grams already seen earlier in prompt or output (greedy
 output of a small model loops, which makes any draft look good).
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 
 import jax
 import numpy as np
 
-from infer.bench.floors import nbytes
-from infer.bench.harness import log, md_header, md_row, time_runs, write_report
+from infer.bench.harness import (add_sized_args, arg_parser, finish, log, md_header, md_row, nbytes, parse_sized,
+                                 run_header, time_runs, write_report)
 from infer.bench.loops import add_compile_arg, plain_fns, speculative_fns
 from infer.bench.near_tie import float32_reference, lossless_cell, partings
 from infer.bench.spec_inputs import load_target_and_drafts
 from infer.calibrate import prompt_windows
 from infer.decoding import Progress, StopCriteria
 from infer.generate import pad_prompts, plan_speculative
-from infer.main import tree_shape_arg
+from infer.main import positive_ints_arg, tree_shape_arg
 from longspec_jax.sampling import SamplingConfig
+
+DEFAULTS = dict(contexts=(4096, 16384), num_prompts=5, new_tokens=256)
+SMOKE = dict(contexts=(40, 64), num_prompts=2, new_tokens=12)
 
 
 def repeat_4gram_share(prompt, output) -> float:
@@ -125,11 +127,9 @@ def summarize(plain_runs: list[dict], spec_runs: list[dict] | None = None) -> di
 
 
 def run(args) -> dict:
-    results = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
-               "jax": jax.__version__, "tree_shape": list(args.tree), "new_tokens": args.new_tokens,
-               "compile": args.compile, "rows": []}
+    results = run_header(tree_shape=list(args.tree), new_tokens=args.new_tokens, compile=args.compile, rows=[])
     if args.smoke:
-        from infer.bench.tiny import random_draft, tiny_target
+        from longspec_jax.testing import random_draft, tiny_target
         target = tiny_target(0)
         drafts = {"a": random_draft(1), "b": random_draft(2)}
         rng = np.random.default_rng(0)
@@ -197,33 +197,24 @@ def markdown(results: dict, names: list[str]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m infer.bench drafts", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True)
+    p = arg_parser("drafts", __doc__, "tiny random target and drafts on the CPU")
     p.add_argument("--target", help="HF directory of the target (the small fixture with --pad-script)")
     p.add_argument("--drafts", default="", help="name=DIR,... LongSpec drafts (HF release format) to compare")
     p.add_argument("--prompts", help="jsonl of prompt documents (a 'text' field each)")
-    p.add_argument("--contexts", default="4096,16384")
+    add_sized_args(p, (("contexts", positive_ints_arg, "prompt lengths"),
+                       ("num-prompts", int, "prompt windows per context"),
+                       ("new-tokens", int, "tokens per generation")), DEFAULTS, SMOKE)
     p.add_argument("--temperatures", default="0,1")
-    p.add_argument("--num-prompts", type=int, default=5)
-    p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--tree", type=tree_shape_arg, default=(4, 16, 16, 16, 16), metavar="C0,C1,...")
     p.add_argument("--reps", type=int, default=1, help="timed runs per generation (median)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pad-script", help="pad target and drafts to 8B cost with this pad_model.py first")
     p.add_argument("--work", default="/tmp/longspec_drafts", help="where padded models are written (reused)")
-    p.add_argument("--smoke", action="store_true", help="tiny random target and drafts on the CPU")
     add_compile_arg(p)
-    args = p.parse_args(argv)
+    args = parse_sized(p, argv, DEFAULTS, SMOKE)
     args.temperatures = [float(x) for x in args.temperatures.split(",")]
-    if args.smoke:
-        args.contexts, args.new_tokens, args.num_prompts = "40,64", 12, 2
-    args.contexts = [int(x) for x in str(args.contexts).split(",")]
     args.drafts = [tuple(item.split("=", 1)) for item in args.drafts.split(",") if item]
     if not args.smoke and not (args.target and args.drafts and args.prompts):
         p.error("--target, --drafts and --prompts are required (or --smoke)")
     results = run(args)
-    md = markdown(results, results["drafts"])
-    write_report(args.out, "bench_drafts", results, md)
-    print(md)
-    return 0
+    return finish(args.out, "drafts", results, markdown(results, results["drafts"]))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import functools
 import json
 import math
@@ -137,6 +138,11 @@ def net_of_overhead(per_step_s: float, empty_per_step_s: float) -> dict:
     return dict(us=(per_step_s - empty_per_step_s) * 1e6, raw_us=per_step_s * 1e6, overhead_us=empty_per_step_s * 1e6)
 
 
+def nbytes(tree) -> int:
+    """Bytes of a pytree's arrays (or of their ``jax.ShapeDtypeStruct``s)."""
+    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
 # ------------------------------------------------------------------------------------------- copy ceiling
 
 def copy_bandwidth(smoke: bool, target_s: float = 0.025, calls: int = 5) -> dict:
@@ -196,14 +202,49 @@ def json_object_arg(text: str) -> dict:
     return value
 
 
-def arg_parser(name: str, doc: str, smoke_help: str) -> argparse.ArgumentParser:
-    """The command line of ``python -m infer.bench NAME``, with ``--out`` (for ``bench_NAME.json`` / ``.md``)
-    and ``--smoke``."""
-    p = argparse.ArgumentParser(prog=f"python -m infer.bench {name}", description=doc,
+def arg_parser(name: str, doc: str, smoke_help: str, prog: str | None = None) -> argparse.ArgumentParser:
+    """The command line of ``python -m infer.bench NAME`` (or of ``prog``), with ``--out`` (for
+    ``bench_NAME.json`` / ``.md``) and ``--smoke``."""
+    p = argparse.ArgumentParser(prog=prog or f"python -m infer.bench {name}", description=doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help=f"output directory for bench_{name}.json / .md")
     p.add_argument("--smoke", action="store_true", help=smoke_help)
     return p
+
+
+def add_sized_args(p: argparse.ArgumentParser, specs, defaults: dict, smoke: dict) -> None:
+    """Options ``--NAME`` from ``specs`` (``(name, type, help)``) whose default depends on ``--smoke``: the value
+    in ``smoke`` or ``defaults`` (keyed by the option's attribute name); :func:`parse_sized` fills them in."""
+    def shown(value) -> str:
+        return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+    for name, kind, text in specs:
+        key = name.replace("-", "_")
+        p.add_argument(f"--{name}", type=kind,
+                       help=f"{text} (default {shown(defaults[key])}; --smoke: {shown(smoke[key])})")
+
+
+def parse_sized(p: argparse.ArgumentParser, argv, defaults: dict, smoke: dict) -> argparse.Namespace:
+    """``p.parse_args(argv)`` with every option of :func:`add_sized_args` not given set from ``smoke`` (with
+    ``--smoke``) or ``defaults``."""
+    args = p.parse_args(argv)
+    for key, value in (smoke if args.smoke else defaults).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def run_header(**fields) -> dict:
+    """What every report starts with: the date, the device kind and the jax version, then ``fields``."""
+    return {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
+            "jax": jax.__version__, **fields}
+
+
+def finish(out_dir, name: str, results: dict, markdown: str) -> int:
+    """Writes ``bench_NAME.json`` / ``.md`` under ``out_dir``, prints the markdown; a benchmark's exit status."""
+    write_report(out_dir, f"bench_{name}", results, markdown)
+    print(markdown)
+    return 0
 
 
 def md_row(cells) -> str:

@@ -2,7 +2,8 @@
 
 Lossless decoding is exact in float32; in bf16 two attention paths (plain decode vs tree verification) round
 differently, so greedy outputs may part where the target's two best logits are closer than that rounding
-(architecture.md section 7). These helpers find the first divergence and measure the float32 top-2 gap there.
+(docs/architecture.md, "Numerics and testing"). These helpers find the first divergence and measure the float32
+top-2 gap there.
 """
 
 from __future__ import annotations

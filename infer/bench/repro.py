@@ -28,11 +28,14 @@ import sys
 import numpy as np
 
 from infer.bench.drafts import prompt_windows
-from infer.bench.harness import arg_parser, log, md_header, md_row, median_call, write_report
+from infer.bench.harness import add_sized_args, arg_parser, finish, log, md_header, md_row, median_call, parse_sized
+from infer.main import positive_ints_arg
 from infer.bench.near_tie import first_divergence
 from infer.bench.spec_inputs import pad_pair
 
 MODES = {"off": False, "on": True}  # --modes name -> generate(reproducible=...)
+DEFAULTS = dict(contexts=(4096, 16384), num_prompts=5, new_tokens=128)
+SMOKE = dict(contexts=(40,), num_prompts=2, new_tokens=8)
 
 
 def load_pair(args):
@@ -42,7 +45,7 @@ def load_pair(args):
     from longspec_jax import load_draft, load_target
 
     if args.smoke:
-        from infer.bench.tiny import random_draft, tiny_target
+        from longspec_jax.testing import random_draft, tiny_target
         target = tiny_target(0)
         rng = np.random.default_rng(0)
         return target, random_draft(1), [rng.integers(0, target.config.vocab_size, 300).tolist() for _ in range(3)]
@@ -145,9 +148,9 @@ def main(argv=None) -> int:
     p.add_argument("--target", help="HF directory of the target")
     p.add_argument("--draft", help="LongSpec draft directory")
     p.add_argument("--prompts", help="jsonl of prompt documents (a 'text' field each)")
-    p.add_argument("--contexts", default="4096,16384")
-    p.add_argument("--num-prompts", type=int, default=5)
-    p.add_argument("--new-tokens", type=int, default=128)
+    add_sized_args(p, (("contexts", positive_ints_arg, "prompt lengths"),
+                       ("num-prompts", int, "prompt windows per context"),
+                       ("new-tokens", int, "tokens per generation")), DEFAULTS, SMOKE)
     p.add_argument("--modes", default="off,on", help="reproducible off / on, comma-separated")
     p.add_argument("--processes", type=int, default=3)
     p.add_argument("--gpus", type=int, default=1, help="spread the children over this many GPUs")
@@ -158,10 +161,7 @@ def main(argv=None) -> int:
     p.add_argument("--pad-script", help="pad target and draft to 8B cost with this pad_model.py first (--time)")
     p.add_argument("--work", default="/tmp/longspec_drafts", help="where padded models are written (reused)")
     p.add_argument("--child", help=argparse.SUPPRESS)  # internal: write this process's tokens to this file
-    args = p.parse_args(argv)
-    if args.smoke:
-        args.contexts, args.new_tokens, args.num_prompts = "40", 8, 2
-    args.contexts = [int(x) for x in str(args.contexts).split(",")]
+    args = parse_sized(p, argv, DEFAULTS, SMOKE)
     args.modes = args.modes.split(",")
     if unknown := set(args.modes) - set(MODES):
         p.error(f"unknown --modes {sorted(unknown)}; choose from {list(MODES)}")
@@ -175,7 +175,4 @@ def main(argv=None) -> int:
     results = dict(date=datetime.date.today().isoformat(), argv=argv, options=args.options or None,
                    kind="time" if args.time else "processes")
     results["rows"] = time_modes(args) if args.time else compare(spawn_children(args, argv))
-    md = markdown(results)
-    write_report(args.out, "bench_repro", results, md)
-    print(md)
-    return 0
+    return finish(args.out, "repro", results, markdown(results))

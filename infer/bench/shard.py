@@ -7,7 +7,7 @@ that fits on each.
 Model: Llama-3-8B shapes (32 layers, d 4096, 32/8 heads of 128, MLP 14336, vocab 128256, untied), random bf16
 weights made on the devices: over N devices sharded (``longspec_jax.tensor_parallel``: grouped fused layout,
 attention per shard), on one device the plain single-device target (no mesh). Draft: a random LongSpec draft of
-the target's shapes steered by an oracle (:mod:`infer.bench.oracle`) towards the plain greedy output, wrong at
+the target's shapes steered by an oracle (:mod:`longspec_jax.testing`) towards the plain greedy output, wrong at
 every 4th position (realistic acceptance lengths; the draft still runs in full). Batch 1, greedy, random prompt.
 
 Timed (:func:`infer.bench.harness.time_runs`: compile and prefill excluded, median of ``--reps``): the plain and
@@ -22,7 +22,6 @@ chunk, so weights and cache set the longest context). JAX preallocates 75% of ea
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import gc
 import time
 import traceback
@@ -32,13 +31,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from infer.bench.decode import LLAMA3_8B, TINY
-from infer.bench.harness import arg_parser, error_text, log, md_header, md_row, time_loop, time_runs, write_report
+from infer.bench.harness import (add_sized_args, arg_parser, error_text, finish, log, md_header, md_row, parse_sized,
+                                 run_header, time_loop, time_runs, write_report)
 from infer.bench.loops import add_compile_arg, plain_fns, speculative_fns
 from infer.bench.near_tie import first_divergence
-from infer.bench.oracle import oracle_hook, oracle_table
-from infer.bench.random_model import random_target
 from infer.decoding import DecodeSettings, Progress, StopCriteria
 from infer.generate import on_mesh, pad_prompts, plan_speculative
+from infer.main import tree_shape_arg
 from infer.plain import decode_step
 from longspec_jax.draft import DraftConfig, DraftWeights, init_draft
 from longspec_jax.kv_cache import init_cache
@@ -46,10 +45,11 @@ from longspec_jax.mesh import make_mesh
 from longspec_jax.sampling import SamplingConfig
 from longspec_jax.target import Target
 from longspec_jax.tensor_parallel import shard_draft
+from longspec_jax.testing import oracle_hook, oracle_table, random_target
 
-DEFAULTS = dict(context=32768, new_tokens=128, reps=2, tree="4,16,16,16,16", fit_from=32768, fit_max=4 * 2**20,
+DEFAULTS = dict(context=32768, new_tokens=128, reps=2, tree=(4, 16, 16, 16, 16), fit_from=32768, fit_max=4 * 2**20,
                 fit_steps=8)
-SMOKE = dict(context=64, new_tokens=8, reps=1, tree="2,2", fit_from=64, fit_max=256, fit_steps=2)
+SMOKE = dict(context=64, new_tokens=8, reps=1, tree=(2, 2), fit_from=64, fit_max=256, fit_steps=2)
 # (dtype, weight std): bf16 at 8B shapes; the smoke model in float32 with spread logits (no near-ties), so its
 # outputs on 1 and N devices, plain and speculative, are equal.
 WEIGHTS = {False: (jnp.bfloat16, 0.02), True: (jnp.float32, 0.3)}
@@ -69,7 +69,8 @@ def decode_speed(args, n: int, target: Target, tokens_1xT: np.ndarray, plain_tok
     settings = plan_speculative(target, draft, args.context, args.new_tokens, SamplingConfig(), args.tree, 512,
                                 "auto")
     settings = dataclasses.replace(settings, draft=dataclasses.replace(settings.draft, logits_hook=oracle_hook))
-    base, stop, key, params = settings.base, StopCriteria.make(args.new_tokens, []), jax.random.PRNGKey(0), target.params
+    base, stop, key = settings.base, StopCriteria.make(args.new_tokens, []), jax.random.PRNGKey(0)
+    params = target.params
     tokens, lengths = pad_prompts([tokens_1xT], base.prompt_len)
     row: dict = {}
     with on_mesh(target.mesh):
@@ -146,9 +147,8 @@ def fit_search(args, n: int, target: Target) -> dict:
 def run(args) -> dict:
     shapes = TINY if args.smoke else LLAMA3_8B
     devices = jax.devices()[:args.devices]
-    results: dict = {"date": datetime.date.today().isoformat(), "device": str(devices[0].device_kind),
-                     "jax": jax.__version__, "shapes": shapes, "context": args.context, "new_tokens": args.new_tokens,
-                     "tree_shape": list(args.tree), "compile": args.compile, "runs": {}}
+    results = run_header(shapes=shapes, context=args.context, new_tokens=args.new_tokens, tree_shape=list(args.tree),
+                         compile=args.compile, runs={})
     tokens_1xT = np.random.default_rng(0).integers(0, shapes["vocab_size"], args.context).astype(np.int32)
     plain_tokens = None
     for n in dict.fromkeys((1, len(devices))):
@@ -200,22 +200,14 @@ def main(argv=None) -> int:
     p = arg_parser("shard", __doc__, "tiny shapes on the CPU (several devices: set XLA_FLAGS before starting)")
     p.add_argument("--devices", type=int, default=None, help="devices of the sharded runs (default: all)")
     add_compile_arg(p)
-    for name, kind, text in (("context", int, "prompt tokens of the speed runs"),
-                             ("new-tokens", int, "tokens per generation"), ("reps", int, "timed runs (median)"),
-                             ("tree", str, "speculative tree shape"), ("fit-from", int, "first context tried"),
-                             ("fit-max", int, "last context tried"), ("fit-steps", int, "decode steps per try")):
-        key = name.replace("-", "_")
-        p.add_argument(f"--{name}", type=kind, help=f"{text} (default {DEFAULTS[key]}; --smoke: {SMOKE[key]})")
-    args = p.parse_args(argv)
-    for key, value in (SMOKE if args.smoke else DEFAULTS).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    args.tree = tuple(int(x) for x in str(args.tree).split(",") if x)
+    add_sized_args(p, (("context", int, "prompt tokens of the speed runs"),
+                       ("new-tokens", int, "tokens per generation"), ("reps", int, "timed runs (median)"),
+                       ("tree", tree_shape_arg, "speculative tree shape"), ("fit-from", int, "first context tried"),
+                       ("fit-max", int, "last context tried"), ("fit-steps", int, "decode steps per try")),
+                   DEFAULTS, SMOKE)
+    args = parse_sized(p, argv, DEFAULTS, SMOKE)
     args.devices = args.devices or jax.device_count()
     if not 1 <= args.devices <= jax.device_count():
         p.error(f"--devices must be between 1 and the {jax.device_count()} visible devices")
     results = run(args)
-    md = markdown(results)
-    write_report(args.out, "bench_shard", results, md)
-    print(md)
-    return 0
+    return finish(args.out, "shard", results, markdown(results))

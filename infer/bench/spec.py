@@ -1,4 +1,4 @@
-"""Speculative decoding on the H200: per-round phase times, end-to-end tokens/s and tau, draft-state bytes.
+"""Speculative decoding on an 8B-cost pair: end-to-end tokens/s and tau against plain decoding, draft-state bytes.
 
     python -m infer.bench spec --out DIR --fixture FIXTURE_DIR --pad-script pad_model.py   # GPU
     python -m infer.bench spec --out DIR --smoke                                           # CPU, tiny, seconds
@@ -17,25 +17,17 @@ predicts the wrong text). With ``--batch B``, row b starts ``b * BATCH_STRIDE`` 
 ``--stable-gap``: searched from there, each row on its own); tokens/s are
 summed over the rows and tau is their mean. Where a speculative output differs from plain greedy, the float32
 top-2 logit gap at the first difference is recorded (the small fixture computes the padded model's function).
-The round is the reference's tree (4,16,16,16,16) at T=0 unless ``--tree`` / ``--temperature`` /
-``--draft-sampling`` say otherwise; at T > 0 only the phases are timed (the oracles replay greedy output).
-Every loop is compiled with autotuned kernels (``generate(reproducible=False)``), or with ``--compile
-reproducible`` as ``generate()`` compiles by default (:func:`infer.generate.compile_options`); ``--xla-options``
-adds XLA options to the speculative compiles.
-Timings: jitted functions, compile excluded, ``block_until_ready``. Generation loops: median over runs. Phases
-(:mod:`infer.bench.spec_phases`): each phase repeated ``--phase-reps`` times inside one jitted ``fori_loop`` from
-the post-prefill state; the phases of the two commit schemes are timed in turn, ``--commit-repeats`` times.
-
-H200 runs of 2026-11-29 (docs/benchmarks.md section 3):
-    python -m infer.bench spec --out DIR --fixture F --pad-script P                 # 16k + 32k, ~7 min
-    python -m infer.bench spec --out DIR --fixture F --pad-script P --contexts 32768 --phase-contexts "" \\
-        --e2e-contexts 32768 --stable-gap 0.25 --stable-search 16384             # 32k tokens/s, ~5 min
+The round is the reference's tree (4,16,16,16,16) at T=0 unless ``--tree`` says otherwise (the oracles replay
+greedy output, so the runs are greedy). Every loop is compiled with autotuned kernels
+(``generate(reproducible=False)``), or with ``--compile reproducible`` as ``generate()`` compiles by default
+(:func:`infer.generate.compile_options`); ``--xla-options`` adds XLA options to the speculative compiles.
+Timings: jitted functions, compile excluded, ``block_until_ready``, median over runs. The time of each phase of
+a round: ``python -m tools.spec_phases`` (same pair and options).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import time
 import traceback
 
@@ -43,62 +35,77 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from infer.bench.floors import nbytes, round_floors
-from infer.bench.harness import (arg_parser, copy_bandwidth, error_text, json_object_arg, log, md_header, md_row,
-                                 time_runs, write_report)
-from infer.bench.loops import add_compile_arg, loop_options, plain_fns, speculative_fns
+from infer.bench.harness import (add_sized_args, arg_parser, error_text, finish, json_object_arg, log, md_header,
+                                 md_row, nbytes, parse_sized, run_header, time_runs, write_report)
+from infer.bench.loops import add_compile_arg, plain_fns, speculative_fns
 from infer.bench.near_tie import earliest_parting, float32_reference, partings
-from infer.bench.oracle import oracle_hook, oracle_table
 from infer.bench.spec_inputs import build_padded_pair, dev_prompt_tokens, stable_row_starts
-from infer.bench.spec_phases import draft_state_bytes, phase_times
 from infer.decoding import Progress, StopCriteria
 from infer.generate import pad_prompts, plan_speculative
-from infer.main import temperature_arg, tree_shape_arg
+from infer.main import positive_ints_arg, temperature_arg, tree_shape_arg
 from infer.speculative import VERIFY_NODE_MULTIPLE
 from longspec_jax.attention import IMPLS
-from longspec_jax.draft import DraftWeights
+from longspec_jax.draft import DraftWeights, draft_prefill
 from longspec_jax.sampling import SamplingConfig
+from longspec_jax.testing import oracle_hook, oracle_table
 
 TREE = (4, 16, 16, 16, 16)
 DRAFT_KINDS = ("random_draft", "oracle_exact", "oracle_wrong_every_4th")
 BATCH_STRIDE = 4099  # tokens between the prompt starts of two batch rows
-DEFAULTS = dict(contexts="16384,32768", phase_contexts="16384,32768", e2e_contexts="16384,32768", new_tokens=256,
-                reps=2, phase_reps=10)
-SMOKE = dict(contexts="40", phase_contexts="40", e2e_contexts="40", new_tokens=12, reps=1, phase_reps=1)
+DEFAULTS = dict(contexts=(16384, 32768), new_tokens=256, reps=2)
+SMOKE = dict(contexts=(40,), new_tokens=12, reps=1)
 
 
-def add_round_args(p) -> None:
-    """``--tree``, ``--temperature``, ``--draft-sampling`` and ``--attention``: the round the spec and profile
-    benchmarks time, and the padded pair's attention impl (:func:`load_pair` reads it)."""
+def add_pair_args(p) -> None:
+    """The padded pair (``--fixture``, ``--pad-script``, ``--work``), its ``--attention`` impl, ``--batch`` and
+    the round's ``--tree``: what :func:`load_pair` and the timed round read (the spec benchmark and the phase
+    tools share them)."""
+    p.add_argument("--fixture", help="the small code-LM fixture directory")
+    p.add_argument("--pad-script", help="path of the fixture's pad_model.py")
+    p.add_argument("--work", default="/tmp/longspec_bench", help="where the padded pair is written (reused)")
+    p.add_argument("--attention", default="auto", choices=IMPLS,
+                   help="attention impl of the padded pair (longspec_jax.attention; --smoke: xla)")
+    p.add_argument("--batch", type=int, default=1, help="sequences per generate call (rows start BATCH_STRIDE apart)")
     p.add_argument("--tree", type=tree_shape_arg, default=TREE, metavar="C0,C1,...",
                    help="tree shape (default the reference's 4,16,16,16,16; 1,1,1,1 is a chain)")
+
+
+def check_pair_args(p, args) -> None:
+    if args.batch < 1:
+        p.error(f"--batch must be >= 1, got {args.batch}")
+    if not args.smoke and not (args.fixture and args.pad_script):
+        p.error("--fixture and --pad-script are required (or --smoke)")
+
+
+def add_sampling_args(p) -> None:
+    """``--temperature`` and ``--draft-sampling`` of a timed round (the phase tools; the spec benchmark's
+    oracles replay greedy output)."""
     p.add_argument("--temperature", type=temperature_arg, default=0.0,
                    help="sampling temperature of the timed round and plain step (default 0: greedy)")
     p.add_argument("--draft-sampling", action="store_true",
                    help="a tree sampled from the draft, verified by recursive rejection sampling (--temperature > 0)")
-    p.add_argument("--attention", default="auto", choices=IMPLS,
-                   help="attention impl of the padded pair (longspec_jax.attention; --smoke: xla)")
 
 
-def check_round_args(p, args) -> None:
+def check_sampling_args(p, args) -> None:
     """What ``generate(draft_sampling=True)`` would refuse, as a command-line error before the pair loads."""
     if args.draft_sampling and SamplingConfig(args.temperature).greedy:
         p.error("--draft-sampling needs --temperature > 0")
 
 
-def load_pair(args):
-    """(target, draft, prompt token stream, attention impl): the padded 8B-cost pair, or the tiny smoke pair."""
+def load_pair(args, stream_length: int):
+    """(target, draft, prompt token stream of ``stream_length`` tokens, attention impl): the padded 8B-cost pair,
+    or the tiny smoke pair."""
     from longspec_jax import load_draft, load_target
 
     if args.smoke:
-        from infer.bench.tiny import random_draft, tiny_target
+        from longspec_jax.testing import random_draft, tiny_target
         target = tiny_target(0)
-        stream = list(np.random.default_rng(0).integers(0, target.config.vocab_size, stream_length(args)))
+        stream = list(np.random.default_rng(0).integers(0, target.config.vocab_size, stream_length))
         return target, random_draft(1), stream, "xla"
     big, big_draft = build_padded_pair(args.fixture, args.pad_script, args.work)
     target = load_target(big, dtype=jnp.bfloat16)
-    return (target, load_draft(big_draft, target),
-            dev_prompt_tokens(target.tokenizer, stream_length(args)), args.attention)
+    return (target, load_draft(big_draft, target), dev_prompt_tokens(target.tokenizer, stream_length),
+            args.attention)
 
 
 def batch_starts(batch: int) -> list[int]:
@@ -106,18 +113,18 @@ def batch_starts(batch: int) -> list[int]:
     return [b * BATCH_STRIDE for b in range(batch)]
 
 
-def stream_length(args) -> int:
-    return max(args.contexts) + args.stable_search + (args.batch - 1) * BATCH_STRIDE
+def batch_stream_length(context: int, batch: int, search: int = 0) -> int:
+    """Tokens of the stream that ``batch`` rows of ``context`` tokens need, each searched ``search`` on."""
+    return context + search + (batch - 1) * BATCH_STRIDE
 
 
 def run(args) -> dict:
-    results: dict = {"date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
-                     "jax": jax.__version__, "tree_shape": list(args.tree), "temperature": args.temperature,
-                     "draft_sampling": args.draft_sampling, "batch": args.batch, "compile": args.compile,
-                     "xla_options": args.xla_options, "verify_node_multiple": args.verify_node_multiple,
-                     "attention": "xla" if args.smoke else args.attention, "contexts": {}}
+    results = run_header(tree_shape=list(args.tree), batch=args.batch, compile=args.compile,
+                         xla_options=args.xla_options, verify_node_multiple=args.verify_node_multiple,
+                         attention="xla" if args.smoke else args.attention, contexts={})
     t0 = time.perf_counter()
-    target, draft, prompt_stream, impl = load_pair(args)
+    target, draft, prompt_stream, impl = load_pair(args, batch_stream_length(max(args.contexts), args.batch,
+                                                                           args.stable_search))
     results["load_s"] = time.perf_counter() - t0
 
     # the target's function in float32, for near-tie checks: the small fixture computes the padded model's
@@ -127,21 +134,18 @@ def run(args) -> dict:
     cfg = target.config
     weight_bytes, draft_bytes = nbytes(tparams), nbytes(draft.variables)
     results.update(target_param_bytes=int(weight_bytes), draft_param_bytes=int(draft_bytes))
-    if args.phase_contexts:
-        results["copy"] = copy_bandwidth(args.smoke)  # the byte ceiling of the phases' floors
     log(f"target {weight_bytes / 1e9:.2f} GB, draft {draft_bytes / 1e9:.3f} GB, loaded in {results['load_s']:.0f} s")
 
     N_new = args.new_tokens
     # One settings object (capacity and padded prompt for the longest context) serves every context: one compile.
     settings = dataclasses.replace(
-        plan_speculative(target, draft, max(args.contexts), N_new, SamplingConfig(args.temperature), args.tree, 512,
-                         impl, args.draft_sampling), verify_node_multiple=args.verify_node_multiple)
+        plan_speculative(target, draft, max(args.contexts), N_new, SamplingConfig(), args.tree, 512, impl),
+        verify_node_multiple=args.verify_node_multiple)
     base = settings.base
     stop = StopCriteria.make(N_new, [])
     key = jax.random.PRNGKey(0)
     weights = draft.weights
 
-    spec_options = loop_options("speculative", args.compile, args.xla_options)
     plain_start, plain_run = plain_fns(base, stop, args.compile)
     real_fns = speculative_fns(settings, stop, args.compile, args.xla_options)
     oracle_fns = speculative_fns(dataclasses.replace(settings, draft=dataclasses.replace(settings.draft,
@@ -155,7 +159,7 @@ def run(args) -> dict:
         row: dict = {}
         results["contexts"][ctx] = row
         starts = batch_starts(args.batch)
-        if args.stable_gap > 0 and ctx in args.e2e_contexts:
+        if args.stable_gap > 0:
             found = stable_row_starts(reference32(), prompt_stream, ctx, N_new, args.stable_gap, args.stable_search,
                                       args.batch, BATCH_STRIDE)
             starts = [start for start, _ in found]
@@ -180,32 +184,14 @@ def run(args) -> dict:
             traceback.print_exc()
             row["vanilla_error"] = error_text(e, 1500)
             continue
-
-        if ctx in args.phase_contexts and time.perf_counter() - t0 < args.budget_s:
-            try:
-                row["phases"] = phase_times(settings, tparams, weights, tokens, lengths, stop, key, args.phase_reps,
-                                            real_fns[0], args.commit_repeats, spec_options)
-                copy_bw = results["copy"]["bytes_per_s"]
-                row["floors"] = {name: dict(bytes=f.bytes, flops=f.flops, seconds=f.seconds(copy_bw),
-                                            bound=f.bound(copy_bw))
-                                 for name, f in round_floors(tparams, draft.variables, cfg, args.tree, args.batch,
-                                                             ctx).items()}
-                log(f"ctx {ctx}: phases " + ", ".join(f"{k} {v*1e3:.2f} ms" for k, v in row["phases"].items()
-                                                      if k != "samples"))
-                log(f"ctx {ctx}: commit-scheme samples (ms) " + "; ".join(
-                    f"{k} " + " ".join(f"{t * 1e3:.3f}" for t in v) for k, v in row["phases"]["samples"].items()))
-            except Exception as e:  # noqa: BLE001
-                traceback.print_exc()
-                row["phases_error"] = error_text(e, 1500)
         slots = base.capacity + 64
 
         def oracle_weights(wrong_every: int, phase: int = 0):  # replays the plain greedy output
             return DraftWeights(draft.variables, jnp.asarray(oracle_table(
                 prompts, list(greedy_BxN), slots, cfg.vocab_size, wrong_every=wrong_every, phase=phase)))
 
-        kinds = {} if ctx not in args.e2e_contexts else dict(zip(DRAFT_KINDS, (
-            (real_fns, lambda: weights), (oracle_fns, lambda: oracle_weights(0)),
-            (oracle_fns, lambda: oracle_weights(4, 1)))))
+        kinds = dict(zip(DRAFT_KINDS, ((real_fns, lambda: weights), (oracle_fns, lambda: oracle_weights(0)),
+                                       (oracle_fns, lambda: oracle_weights(4, 1)))))
         for name, ((start_fn, loop_fn), make_weights) in kinds.items():
             try:
                 w = make_weights()
@@ -242,6 +228,21 @@ def run(args) -> dict:
     return results
 
 
+def draft_state_bytes(settings, tparams, weights, prompt_stream, smoke: bool) -> dict:
+    """The draft's ring cache after prefilling a 4k and a 64k prompt: equal by construction."""
+    config = settings.base.config
+    out = {}
+    for ctx in ((64, 256) if smoke else (4096, 65536)):
+        reps = -(-ctx // len(prompt_stream))
+        prompt_1xT = np.asarray((list(prompt_stream) * reps)[:ctx], np.int32)[None]
+        ring = jax.jit(lambda p, d, t, l: draft_prefill(settings.draft, d, p, t, l))(
+            tparams, weights, jnp.asarray(prompt_1xT), jnp.asarray([ctx], jnp.int32))
+        out[str(ctx)] = dict(ring_bytes=int(ring.nbytes()), ring_slots=int(ring.pos.shape[1]),
+                             target_kv_bytes=int(ctx * config.num_layers * 2 * config.num_kv_heads * config.head_dim
+                                                 * jnp.dtype(tparams["embed"].dtype).itemsize))
+    return out
+
+
 def markdown(results: dict) -> str:
     lines = md_header(["context", "vanilla tok/s", "draft", "tau", "tok/s", "speedup", "first mismatch"])
     for ctx, row in results["contexts"].items():
@@ -251,72 +252,31 @@ def markdown(results: dict) -> str:
                 lines.append(md_row([ctx, f"{row['vanilla']['tokens_per_s']:.1f}", name, f"{r['tau']:.2f}",
                                      f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x",
                                      r["first_mismatch_vs_greedy"]]))
-    for ctx, row in results["contexts"].items():
-        if "phases" in row:
-            lines += ["", f"Phases at {ctx}: ms, and the floor (bytes / copy bandwidth or FLOPs / peak, the larger):",
-                      ""] + phase_table(row)
     return "\n".join(lines) + "\n"
-
-
-def phase_table(row: dict) -> list[str]:
-    """Each timed phase against its floor where one is counted (``infer.bench.floors``)."""
-    times = dict(plain_step=row["decode_step_s"], **{k: v for k, v in row["phases"].items() if k != "samples"})
-    floors = row.get("floors", {})
-    lines = md_header(["phase", "ms", "floor ms", "bound by", "x floor"])
-    for name, seconds in times.items():
-        f = floors.get(name)
-        cells = ["", "", ""] if f is None else [f"{f['seconds'] * 1e3:.3f}", f["bound"],
-                                                f"{seconds / f['seconds']:.2f}x"]
-        lines.append(md_row([name, f"{seconds * 1e3:.3f}"] + cells))
-    return lines
 
 
 def main(argv=None) -> int:
     p = arg_parser("spec", __doc__, "tiny random pair on the CPU")
-    p.add_argument("--fixture", help="the small code-LM fixture directory")
-    p.add_argument("--pad-script", help="path of the fixture's pad_model.py")
-    p.add_argument("--work", default="/tmp/longspec_bench", help="where the padded pair is written (reused)")
-    for name, kind, text in (("contexts", str, "prompt lengths"), ("phase-contexts", str, "contexts of the phases"),
-                             ("e2e-contexts", str, "contexts of the speculative tokens/s runs"),
-                             ("new-tokens", int, "tokens per generation"), ("reps", int, "timed generation runs"),
-                             ("phase-reps", int, "steps of each phase's timed loop")):
-        key = name.replace("-", "_")
-        p.add_argument(f"--{name}", type=kind, help=f"{text} (default {DEFAULTS[key]}; --smoke: {SMOKE[key]})")
+    add_pair_args(p)
+    add_sized_args(p, (("contexts", positive_ints_arg, "prompt lengths"),
+                       ("new-tokens", int, "tokens per generation"), ("reps", int, "timed generation runs")),
+                   DEFAULTS, SMOKE)
     p.add_argument("--stable-gap", type=float, default=0.0,
-                   help="for e2e contexts, start the prompt at the first offset whose float32 greedy continuation "
-                        "has no top-2 logit gap below this (0 = offset 0)")
+                   help="start each prompt at the first offset whose float32 greedy continuation has no top-2 "
+                        "logit gap below this (0 = offset 0)")
     p.add_argument("--stable-search", type=int, default=0,
                    help="largest prompt offset tried for --stable-gap (per row)")
-    p.add_argument("--commit-repeats", type=int, default=3,
-                   help="times the verify / commit phases of both commit schemes are timed, in turn")
-    p.add_argument("--batch", type=int, default=1, help="sequences per generate call (rows start BATCH_STRIDE apart)")
-    p.add_argument("--budget-s", type=float, default=1e9, help="start no new context or phase set after this")
+    p.add_argument("--budget-s", type=float, default=1e9, help="start no new context after this")
     add_compile_arg(p)
     p.add_argument("--verify-node-multiple", type=int, default=VERIFY_NODE_MULTIPLE, metavar="M",
                    help="verify the tree padded to a multiple of M nodes (SpecSettings.verify_node_multiple; "
                         f"default {VERIFY_NODE_MULTIPLE}, 1: unpadded)")
     p.add_argument("--xla-options", type=json_object_arg, default={}, metavar="JSON",
-                   help="XLA options added to the speculative loop's and its phases' compile, e.g. "
+                   help="XLA options added to the speculative loop's compile, e.g. "
                         '\'{"xla_gpu_experimental_force_split_k": 1}\'')
-    add_round_args(p)
-    args = p.parse_args(argv)
-    if args.batch < 1:
-        p.error(f"--batch must be >= 1, got {args.batch}")
+    args = parse_sized(p, argv, DEFAULTS, SMOKE)
     if args.verify_node_multiple < 1:
         p.error(f"--verify-node-multiple must be >= 1, got {args.verify_node_multiple}")
-    for key, value in (SMOKE if args.smoke else DEFAULTS).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    args.contexts = [int(x) for x in args.contexts.split(",") if x]
-    args.phase_contexts = [int(x) for x in args.phase_contexts.split(",") if x]
-    args.e2e_contexts = [int(x) for x in args.e2e_contexts.split(",") if x]
-    check_round_args(p, args)
-    if args.temperature > 0 and args.e2e_contexts:  # the oracles replay plain's greedy output
-        p.error("--temperature > 0 times the phases only: pass --e2e-contexts \"\"")
-    if not args.smoke and not (args.fixture and args.pad_script):
-        p.error("--fixture and --pad-script are required (or --smoke)")
+    check_pair_args(p, args)
     results = run(args)
-    md = markdown(results)
-    write_report(args.out, "bench_spec", results, md)
-    print(md)
-    return 0
+    return finish(args.out, "spec", results, markdown(results))

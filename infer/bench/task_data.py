@@ -1,5 +1,5 @@
-"""Inputs of the long-context tasks benchmark: LongBench-format tasks with the reference's prompt templates
-(reference.md 5.1), a long-reasoning prompt/answer format, a built-in repo-level code-completion task from a
+"""Inputs of the long-context tasks benchmark: LongBench-format tasks with the PyTorch LongSpec
+evaluation's prompt templates, a long-reasoning prompt/answer format, a built-in repo-level code-completion task from a
 corpus split (the fixture's dev split), and the length buckets and filters.
 
 A :class:`Sample` holds the prompt as text and as token ids; its bucket is the length range it falls in.

@@ -16,7 +16,7 @@ JAX_ALLOCATOR_SETTINGS = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_ME
 def leave_gpu_memory_to_torch(environ=os.environ) -> bool:
     """JAX takes 75% of a GPU's memory when its backend starts, which leaves HF's PyTorch model too little (batch 8
     of 16k prompts on the padded pair ran out of memory on the H200). Unless the user has set JAX's allocation,
-    JAX grows its pool as it needs instead (plain decoding's rate unchanged there: docs/benchmarks.md 6e). Call it
+    JAX grows its pool as it needs instead (plain decoding's rate unchanged there). Call it
     before JAX starts its backend; returns whether it changed ``environ``."""
     if any(key in environ for key in JAX_ALLOCATOR_SETTINGS):
         return False

@@ -23,7 +23,7 @@ it at). Decode tokens/s exclude prefill:
 they are timed between a probe call and the full call (our methods: the probe generates just over half the tokens,
 so it runs the same compiled program; HF: one token). At T=0 each output
 is compared with plain's: where it parts, the float32 top-2 logit gap there says whether that is a near-tie, where
-bf16 paths may part (architecture.md section 7), or a lossless failure (``--reference32``: the target's function in
+bf16 paths may part (docs/architecture.md, "Numerics and testing"), or a lossless failure (``--reference32``: the target's function in
 float32; with ``--pad-script`` the small fixture, whose function the padded pair computes).
 
 Peak memory per row: the compiled program's peak device bytes (XLA's memory analysis of the whole call:
@@ -37,7 +37,7 @@ already in DIR); every method, HF included, then runs on the padded pair. ``--ro
 target and drafts other RoPE parameters (config only), e.g. llama3-style scaling for a target trained on shorter
 windows than the buckets: the code-LM fixture, trained on 16k windows, stays sound to 30k with
 ``{"rope_type": "llama3", "factor": 2, "low_freq_factor": 1, "high_freq_factor": 4,
-"original_max_position_embeddings": 16384}`` (docs/benchmarks.md 6c).
+"original_max_position_embeddings": 16384}``.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def gather_samples(args, tokenizer) -> list[Sample]:
 
 def smoke_inputs():
     """A tiny random target and draft, and synthetic samples of repeated motifs."""
-    from infer.bench.tiny import random_draft, tiny_target
+    from longspec_jax.testing import random_draft, tiny_target
 
     target = tiny_target(0)
     rng = np.random.default_rng(0)

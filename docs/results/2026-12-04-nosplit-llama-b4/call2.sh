@@ -1,1 +1,0 @@
-source .gpu/setup.sh; timeout 400 python -m infer.bench spec --fixture $F/code-lm --pad-script $F/pad_model.py --work /tmp/lsb --contexts 16384 --phase-contexts 16384 --e2e-contexts 16384 --new-tokens 128 --reps 1 --commit-repeats 1 --batch 4 --stable-gap 0.25 --stable-search 8192 --attention auto --out $OUT/b4 > $OUT/b4_log.txt 2>&1

@@ -1,1 +1,0 @@
-source .gpu/setup.sh; for mode in reproducible autotuned; do timeout 110 python -m infer.bench spec --fixture $F/code-lm --pad-script $F/pad_model.py --work /tmp/lsb --contexts 16384 --phase-contexts "" --e2e-contexts "" --reps 3 --compile $mode --out $OUT/plain_$mode > $OUT/plain_${mode}_log.txt 2>&1; done
