@@ -2,10 +2,10 @@
 sample batches, the markdown table, and the plots (tokens/s and tau against context length per method; the
 acceptance-length histogram).
 
-Conventions (the PyTorch LongSpec evaluation's): tau = tokens generated / (rounds + 1); decode tokens/s = (tokens generated - tokens
-of the probe call) / (generation time - probe time), summed over the batches, so prefill is left out; prefill
-time = the probe's time less its own decoding at that rate; speedup against plain decoding of the same samples in
-the same run; idle rows = the share of a batch's row slots that rode along after their row was done.
+Conventions (the PyTorch LongSpec evaluation's): tau = tokens generated / (rounds + 1); decode tokens/s = (tokens
+generated - tokens of the probe call) / (generation time - probe time), summed over the batches, so prefill is left
+out; prefill time = the probe's time less its own decoding at that rate; speedup against plain decoding of the same
+samples in the same run; idle rows = the share of a batch's row slots that rode along after their row was done.
 """
 
 from __future__ import annotations

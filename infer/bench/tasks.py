@@ -23,8 +23,8 @@ it at). Decode tokens/s exclude prefill:
 they are timed between a probe call and the full call (our methods: the probe generates just over half the tokens,
 so it runs the same compiled program; HF: one token). At T=0 each output
 is compared with plain's: where it parts, the float32 top-2 logit gap there says whether that is a near-tie, where
-bf16 paths may part (docs/architecture.md, "Numerics and testing"), or a lossless failure (``--reference32``: the target's function in
-float32; with ``--pad-script`` the small fixture, whose function the padded pair computes).
+bf16 paths may part (docs/architecture.md, "Numerics and testing"), or a lossless failure (``--reference32``: the
+target's function in float32; with ``--pad-script`` the small fixture, whose function the padded pair computes).
 
 Peak memory per row: the compiled program's peak device bytes (XLA's memory analysis of the whole call:
 weights, prompts, caches, temporaries, outputs); HF rows: torch's peak over their calls. With HF methods, JAX's GPU
