@@ -83,7 +83,7 @@ TOP_PLUS_ONE = Case(tree=(3, 4, 4), temperature=1.0, top_p=0.925, min_full_round
 SUBSET = (0, 2, 3)  # token 1 left out of the draft vocabulary
 SUBSET_TREE = dataclasses.replace(TREE, min_full_rounds=0.03, draft_vocab=SUBSET)
 SUBSET_SAMPLED = dataclasses.replace(SAMPLED_BINARY, draft_vocab=SUBSET)
-SUBSET_69 = dataclasses.replace(SAMPLED_69, draft_vocab=SUBSET)
+SUBSET_DEEP = dataclasses.replace(SAMPLED_69, tree=(3, 9, 16, 16, 16), draft_vocab=SUBSET)  # level 1: K wide
 
 
 def _target() -> Target:
@@ -278,7 +278,7 @@ CASES = [pytest.param(TREE, id="tree-T1-top_p0.925"),
          pytest.param(CHAIN, id="chain-T0.7-top_p0.9", marks=pytest.mark.slow),
          pytest.param(SUBSET_TREE, id="subset-vocab-tree-T1-top_p0.925"),
          pytest.param(SUBSET_SAMPLED, id="subset-vocab-sampled-2,2,2-T1-top_p0.925", marks=pytest.mark.slow),
-         pytest.param(SUBSET_69, id="subset-vocab-sampled-69-T1-top_p0.925", marks=pytest.mark.slow)]
+         pytest.param(SUBSET_DEEP, id="subset-vocab-sampled-3,9,16,16,16-T1-top_p0.925", marks=pytest.mark.slow)]
 
 
 def _left_out_rate(samples, exact, token: int) -> tuple[float, float, float]:
