@@ -112,13 +112,17 @@ def save_draft_vocab(ids, directory: str | os.PathLike) -> str:
     return path
 
 
-def load_draft_vocab(directory: str | os.PathLike, vocab_size: int) -> np.ndarray | None:
-    """The checked ids of ``directory/draft_vocab.npy``, or ``None`` where there is none."""
-    path = os.path.join(os.fspath(directory), VOCAB_NAME)
-    if not os.path.isfile(path):
-        return None
+def read_draft_vocab(path: str | os.PathLike, vocab_size: int) -> np.ndarray:
+    """The checked ids of a ``.npy`` file."""
+    path = os.fspath(path)
     try:
         ids = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
         raise WeightsError(f"{path}: not a readable .npy array ({type(e).__name__}: {e})") from None
     return check_draft_vocab(ids, vocab_size, where=path)
+
+
+def load_draft_vocab(directory: str | os.PathLike, vocab_size: int) -> np.ndarray | None:
+    """The checked ids of ``directory/draft_vocab.npy``, or ``None`` where there is none."""
+    path = os.path.join(os.fspath(directory), VOCAB_NAME)
+    return read_draft_vocab(path, vocab_size) if os.path.isfile(path) else None
