@@ -60,8 +60,8 @@ def multidraft_acceptance(tree: Tree, target_logits_BxNxV: jax.Array, key: jax.A
     """The recursive-rejection walk of the module docstring down a sampled tree of static topology ``spec``.
     ``tree.draft_logp`` holds the draft's log-probs after every node; q is their softmax at the sampling
     temperature, as :func:`longspec_jax.tree.sample_children` drew from (over a draft vocabulary's columns
-    ``tree.draft_ids``, scattered to the target's vocabulary, zero elsewhere, at the nodes the walk visits). ``step``: one trial of a child
-    (:func:`rejection_step`; the tests pass biased ones)."""
+    ``tree.draft_ids``, scattered to the target's vocabulary, zero elsewhere, at the nodes the walk visits).
+    ``step``: one trial of a child (:func:`rejection_step`; the tests pass biased ones)."""
     B, N, V = target_logits_BxNxV.shape
     children_NxK = jnp.asarray(spec.children_table)
     deterministic_NxK = jnp.asarray(deterministic_ranks(spec, kind))

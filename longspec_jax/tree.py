@@ -8,7 +8,7 @@ depth, and every (parent, token) pair is unique, so siblings carry distinct toke
 
 The draft's log-probs (``V`` here) span what it proposes from: the target's vocabulary, or a draft vocabulary's K
 ids (:mod:`longspec_jax.draft_vocab`), in which case the build ranks and samples over those K columns and maps
-the chosen columns to target ids (``ids_K``) before they become tree tokens.
+the chosen columns to target ids (``ids_V``) before they become tree tokens.
 """
 
 from __future__ import annotations
