@@ -248,7 +248,8 @@ def generate(target: Target, input_ids, draft=None, max_new_tokens: int = 256, t
             raise ValueError(f"draft must be a longspec_jax Draft (see load_draft) or an infer.PromptLookup, "
                              f"got {type(draft).__name__}")
         speculation = choose(config, draft.profile, sampling, len(prompts), longest + max_new_tokens // 2,
-                             tree_shape, draft_sampling, param_bytes=jnp.dtype(target.dtype).itemsize)
+                             tree_shape, draft_sampling, param_bytes=jnp.dtype(target.dtype).itemsize,
+                             draft_vocab_size=draft.vocab_size(config.vocab_size))
         if speculation.tree_shape is None:
             draft = None
         else:
@@ -320,14 +321,15 @@ def plan_speculative(target, draft: Draft, longest_prompt: int, max_new_tokens: 
         raise ValueError(f"draft (hidden {dc.hidden_size}, heads {dc.num_heads}/{dc.num_kv_heads}, head_dim "
                          f"{dc.head_dim}) does not match the target (hidden {config.hidden_size}, heads "
                          f"{config.num_heads}/{config.num_kv_heads}, head_dim {config.head_dim})")
-    spec = TreeSpec.parse(tree_shape, config.vocab_size)
+    proposals = draft.vocab_size(config.vocab_size)
+    spec = TreeSpec.parse(tree_shape, proposals)
     kind = sampling_kind(draft_sampling) or None
     if kind:
         if sampling.greedy:
             raise ValueError("draft_sampling needs temperature > 0 (greedy decoding verifies the draft's top-k "
                              "beams)")
         table = (draft.profile or DEFAULT_PROFILE).table(kind, sampling.temperature)
-        spec = spec.with_branching(allocate_branching(spec.shape, table, min(MAX_CHILDREN, config.vocab_size)))
+        spec = spec.with_branching(allocate_branching(spec.shape, table, min(MAX_CHILDREN, proposals)))
     padded, chunk, out_len, capacity = plan_shapes(longest_prompt, max_new_tokens,
                                                    spec.num_nodes + spec.max_accept, prefill_chunk)
     base = DecodeSettings(config=config, sampling=sampling, capacity=capacity, prefill_chunk=chunk,

@@ -132,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft-sampling", action="store_true",
                         help="with a draft, --temperature > 0 and a chain --tree-shape (1,1,1,1): the draft samples "
                              "its chain, verified by speculative sampling (as exact; more tokens per round)")
+    parser.add_argument("--draft-vocab", metavar="FILE|full",
+                        help="with --draft: propose only from the sorted token ids of this .npy file (a draft "
+                             "vocabulary), or from the full vocabulary despite the draft's own draft_vocab.npy")
     parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     parser.add_argument("--repeat", type=_non_negative_int, default=0, metavar="N",
                         help="after the first (compiling) call, time N more calls without printing")
@@ -193,6 +196,21 @@ def _load(args, path, dtype):
     return target, tokenizer, path
 
 
+def _load_draft(args, path, target):
+    """The draft in ``path``, proposing from ``--draft-vocab`` where given (``full``: the whole vocabulary)."""
+    from longspec_jax import load_draft
+    from longspec_jax.draft_vocab import read_draft_vocab
+
+    if args.draft_vocab == "full":
+        return load_draft(path, target).with_vocab(target, None)
+    ids = None if args.draft_vocab is None else read_draft_vocab(args.draft_vocab, target.config.vocab_size)
+    draft = load_draft(path, target, draft_vocab=ids)
+    if draft.vocab is not None:
+        print(f"[infer.main] draft vocabulary: {draft.vocab.size} of {target.config.vocab_size} tokens",
+              file=sys.stderr)
+    return draft
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -203,7 +221,11 @@ def main(argv=None) -> int:
         parser.error("give either --draft or --no-draft, not both")
     has_draft = args.draft is not None or not (args.no_draft or args.target or args.tiny_random)
     if args.draft_sampling and not has_draft:
-        parser.error("--draft-sampling needs a draft (the draft samples the chain)")
+        parser.error("--draft-sampling needs a draft (the draft samples the tree)")
+    if args.draft_vocab is not None and not has_draft:
+        parser.error("--draft-vocab needs a draft (the draft proposes from it)")
+    if args.draft_vocab not in (None, "full") and not os.path.isfile(args.draft_vocab):
+        parser.error(f"--draft-vocab {args.draft_vocab}: no such file (or 'full')")
     if args.tiny_random and args.target is not None:
         parser.error("give either --target or --tiny-random, not both")
     if args.target is not None and not os.path.isdir(args.target):
@@ -212,13 +234,12 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
 
     from infer.generate import generate
-    from longspec_jax import load_draft
 
     dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}[args.dtype]
     try:
         target_dir, draft_dir = model_dirs(args)
         target, tokenizer, where = _load(args, target_dir, dtype)
-        draft = load_draft(draft_dir, target) if draft_dir else None
+        draft = _load_draft(args, draft_dir, target) if draft_dir else None
         ids = list(tokenizer.encode(prompt))
         if not ids:
             raise ValueError("the prompt is empty (it encodes to 0 tokens)")

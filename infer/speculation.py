@@ -95,13 +95,16 @@ class ModelSizes:
     layers: int
 
     @classmethod
-    def of(cls, config: TargetConfig, param_bytes: int = 2) -> "ModelSizes":
+    def of(cls, config: TargetConfig, param_bytes: int = 2, draft_vocab_size: int | None = None) -> "ModelSizes":
+        """Sizes of ``config``'s target and its draft, whose LM head has ``draft_vocab_size`` columns (default:
+        the target's vocabulary)."""
         d, H, K, Dh, I = (config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
                           config.intermediate_size)
         attention = d * (H + 2 * K) * Dh + H * Dh * d
         layer = attention + 3 * d * I
         head = config.vocab_size * d
-        return cls(target_params=config.num_layers * layer + head, draft_params=layer + attention + head,
+        draft_head = (draft_vocab_size or config.vocab_size) * d
+        return cls(target_params=config.num_layers * layer + head, draft_params=layer + attention + draft_head,
                    param_bytes=param_bytes, kv_bytes_per_token=config.num_layers * 2 * K * Dh * param_bytes,
                    last_layer_kv_bytes_per_token=2 * K * Dh * param_bytes, attention_flops_per_key=4 * H * Dh,
                    layers=config.num_layers)
@@ -170,16 +173,17 @@ def _kind_for(sampling, draft_sampling) -> str | None:
 
 def choose(config: TargetConfig, profile: SpeculationProfile | None, sampling, batch: int, context: int,
            tree_shape=None, draft_sampling=None, device: DeviceModel | None = None,
-           param_bytes: int = 2) -> Speculation:
+           param_bytes: int = 2, draft_vocab_size: int | None = None) -> Speculation:
     """The speculation of a call: what it fixed (``tree_shape``; ``draft_sampling``: ``False`` beams, ``True`` or
     a kind sampled trees, ``None`` for the choice), the rest chosen to maximise the predicted tokens per second
-    against plain decoding at ``batch`` sequences of ``context`` tokens."""
+    against plain decoding at ``batch`` sequences of ``context`` tokens, for a draft proposing from
+    ``draft_vocab_size`` tokens (default: the target's vocabulary)."""
     profile = DEFAULT_PROFILE if profile is None else profile
     device = device_model() if device is None else device
     kind = _kind_for(sampling, draft_sampling)
     table = profile.table(kind or "beams", sampling.temperature)
-    max_children = min(MAX_CHILDREN, config.vocab_size)
-    sizes = ModelSizes.of(config, param_bytes)
+    max_children = min(MAX_CHILDREN, draft_vocab_size or config.vocab_size)
+    sizes = ModelSizes.of(config, param_bytes, draft_vocab_size)
     plain = plain_step_seconds(sizes, device, batch, context)
 
     def predicted(shape):

@@ -27,6 +27,7 @@ from flax import struct
 
 from longspec_jax.attention import cache_attention, windowed_ring_attention
 from longspec_jax.config import RopeConfig, TargetConfig
+from longspec_jax.draft_vocab import DraftVocab, gather_draft_vocab
 from longspec_jax.errors import ConfigError
 from longspec_jax.kv_cache import KVCache, RingCache
 from longspec_jax.layers import rms_norm
@@ -184,7 +185,9 @@ class Draft:
     ``target_hf_config`` is the HF ``config.json`` dict of the target it belongs to (set by ``load_draft``);
     ``save_draft`` writes it as the exported draft's ``config.json``. ``profile`` is the draft's measured
     acceptance (a :class:`longspec_jax.speculation_profile.SpeculationProfile`, stored beside its weights), from
-    which ``generate`` chooses how to speculate; ``None``: default rates.
+    which ``generate`` chooses how to speculate; ``None``: default rates. ``vocab``: the draft vocabulary it
+    proposes from (:mod:`longspec_jax.draft_vocab`, set with :meth:`with_vocab`); ``None``: the target's whole
+    vocabulary. With one, ``logits_hook`` sees the logits of its K ids.
     """
 
     config: DraftConfig
@@ -193,6 +196,7 @@ class Draft:
     hook_data: Any = None
     target_hf_config: dict | None = dataclasses.field(default=None, repr=False)
     profile: Any = dataclasses.field(default=None, repr=False)
+    vocab: DraftVocab | None = dataclasses.field(default=None, repr=False)
 
     @property
     def module(self) -> DraftLayer:
@@ -209,8 +213,19 @@ class Draft:
 
     @property
     def weights(self) -> "DraftWeights":
-        """The traced half: variables and hook data."""
-        return DraftWeights(variables=self.variables, hook_data=self.hook_data)
+        """The traced half: variables, hook data and the draft vocabulary."""
+        return DraftWeights(variables=self.variables, hook_data=self.hook_data, vocab=self.vocab)
+
+    def with_vocab(self, target, ids) -> "Draft":
+        """This draft proposing only from the sorted target token ids ``ids`` (their LM-head columns gathered from
+        ``target`` now), or from the whole vocabulary where ``ids`` is ``None``; a ``ValueError`` names a bad
+        vocabulary."""
+        vocab = None if ids is None else gather_draft_vocab(target.params, ids, target.config.vocab_size)
+        return dataclasses.replace(self, vocab=vocab)
+
+    def vocab_size(self, target_vocab_size: int) -> int:
+        """How many tokens it proposes from: its draft vocabulary's K, else the target's ``target_vocab_size``."""
+        return target_vocab_size if self.vocab is None else self.vocab.size
 
 
 def init_draft(config: DraftConfig, key: jax.Array, dtype=jnp.float32) -> Draft:
@@ -241,10 +256,11 @@ class DraftSettings:
 
 @struct.dataclass
 class DraftWeights:
-    """The draft's traced inputs: Flax variables and the optional logits-hook data."""
+    """The draft's traced inputs: Flax variables, the optional logits-hook data and draft vocabulary."""
 
     variables: dict
     hook_data: Any = None
+    vocab: DraftVocab | None = None
 
 
 def draft_self_kv(ds: DraftSettings, weights: DraftWeights, target_params, tokens_BxT, positions_BxT):
@@ -255,9 +271,9 @@ def draft_self_kv(ds: DraftSettings, weights: DraftWeights, target_params, token
 
 def draft_log_probs(ds: DraftSettings, weights: DraftWeights, target_params, cache: KVCache, ring: RingCache,
                     tokens_BxT, positions_BxT, new_k_BxNxKxD, new_v_BxNxKxD, new_mask_BxTxN):
-    """Draft log-softmax ``[B, T, V]`` (float32) for tokens at ``positions``: windowed self-attention over the
-    ring plus the new keys under ``new_mask``; cross-attention to the target's last layer, slots
-    ``[0, lengths)``."""
+    """Draft log-softmax ``[B, T, V]`` (float32; ``[B, T, K]`` over a draft vocabulary's ids) for tokens at
+    ``positions``: windowed self-attention over the ring plus the new keys under ``new_mask``; cross-attention to
+    the target's last layer, slots ``[0, lengths)``."""
 
     def attend_self(q_BxTxHxD):
         return windowed_ring_attention(q_BxTxHxD, positions_BxT, ring.k, ring.v, ring.pos, ds.config.window,
@@ -268,7 +284,8 @@ def draft_log_probs(ds: DraftSettings, weights: DraftWeights, target_params, cac
 
     x_BxTxd = embed_tokens(target_params, tokens_BxT).astype(ds.dtype)
     y_BxTxd = ds.module.apply(weights.variables, x_BxTxd, positions_BxT, attend_self, attend_cross)
-    logits_BxTxV = lm_head_logits(target_params, y_BxTxd.astype(target_params["embed"].dtype))
+    head_params = target_params if weights.vocab is None else {"lm_head": weights.vocab.head}
+    logits_BxTxV = lm_head_logits(head_params, y_BxTxd.astype(target_params["embed"].dtype))
     if ds.logits_hook is not None:
         logits_BxTxV = ds.logits_hook(logits_BxTxV, positions_BxT, weights.hook_data)
     return jax.nn.log_softmax(logits_BxTxV, axis=-1)
@@ -292,8 +309,8 @@ def draft_prefill(ds: DraftSettings, weights: DraftWeights, target_params, token
 def draft_root(ds: DraftSettings, weights: DraftWeights, target_params, cache: KVCache, ring: RingCache,
                pending_BxA, num_pending_B):
     """Step 0: stores the pending tokens' K/V in the ring and returns the draft's distribution after the root
-    ``[B, V]`` and the ring. Only the root's full layer output is needed; the other pending tokens contribute
-    K/V only."""
+    ``[B, V]`` (``[B, K]`` over a draft vocabulary) and the ring. Only the root's full layer output is needed; the
+    other pending tokens contribute K/V only."""
     A = pending_BxA.shape[1]
     root_pos_B = cache.lengths
     offsets_1xA = jnp.arange(A)[None]

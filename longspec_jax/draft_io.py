@@ -26,6 +26,7 @@ import numpy as np
 
 from longspec_jax.config import RopeConfig, TargetConfig, read_json_object
 from longspec_jax.draft import DEFAULT_WINDOW, Draft, DraftConfig
+from longspec_jax.draft_vocab import load_draft_vocab, save_draft_vocab
 from longspec_jax.errors import ConfigError, WeightsError
 from longspec_jax.safetensors_io import INDEX_NAME, SafetensorsDir, SafetensorsFile, save_file
 from longspec_jax.speculation_profile import load_profile, save_profile
@@ -49,7 +50,8 @@ _TARGET_FIELDS = (("hidden_size", "hidden_size"), ("num_attention_heads", "num_h
 # Loading
 
 
-def load_draft(path: str | os.PathLike, target, dtype=None, *, window: int = DEFAULT_WINDOW) -> Draft:
+def load_draft(path: str | os.PathLike, target, dtype=None, *, window: int = DEFAULT_WINDOW,
+               draft_vocab=None) -> Draft:
     """Loads a LongSpec draft for ``target`` (a :class:`longspec_jax.Target`).
 
     ``path`` is an HF release directory (``config.json`` + ``model.safetensors``), a directory holding
@@ -57,7 +59,9 @@ def load_draft(path: str | os.PathLike, target, dtype=None, *, window: int = DEF
     target's config (``DraftConfig.from_target``); a ``config.json`` beside the weights must agree with the
     target on every width. ``dtype=None`` uses the target's parameter dtype (the reference runs the draft in
     the target's dtype); pass ``jnp.float32`` to keep released fp32 weights exactly. A directory's
-    ``speculation_profile.json`` (``python -m infer.calibrate``) becomes the draft's ``profile``.
+    ``speculation_profile.json`` (``python -m infer.calibrate``) becomes the draft's ``profile``, and its
+    ``draft_vocab.npy`` the draft vocabulary it proposes from (:mod:`longspec_jax.draft_vocab`), unless
+    ``draft_vocab`` (sorted target token ids) is given instead; ``.with_vocab(target, None)`` drops it.
     """
     path = os.fspath(path)
     target_config = getattr(target, "config", None)
@@ -69,7 +73,10 @@ def load_draft(path: str | os.PathLike, target, dtype=None, *, window: int = DEF
     variables = read_tensors(source, draft_tensor_specs(config), dtype, where=f"draft {path}",
                              expected_from=expected_from_target(config))
     profile = load_profile(path) if os.path.isdir(path) else None
-    return Draft(config=config, variables=variables, target_hf_config=target_hf_config(target), profile=profile)
+    if draft_vocab is None and os.path.isdir(path):
+        draft_vocab = load_draft_vocab(path, target_config.vocab_size)
+    draft = Draft(config=config, variables=variables, target_hf_config=target_hf_config(target), profile=profile)
+    return draft if draft_vocab is None else draft.with_vocab(target, draft_vocab)
 
 
 def expected_from_target(config: DraftConfig) -> str:
@@ -183,7 +190,8 @@ def save_draft(draft: Draft, path: str | os.PathLike, format: str = "hf", dtype=
     ``config.json`` when the target config is known; a ``path`` ending in ``.pth`` names the file itself.
     The target config comes from ``target`` (a Target, TargetConfig or HF config dict) or else from the draft
     (set by :func:`load_draft` and by training checkpoints). ``dtype`` defaults to float32, like the releases.
-    The draft's speculation profile, if it has one, goes beside the weights (PyTorch LongSpec ignores it).
+    The draft's speculation profile and draft vocabulary, where it has them, go beside the weights (PyTorch
+    LongSpec ignores both).
     """
     if format not in FORMATS:
         raise ValueError(f"unknown draft format {format!r}; choose one of {', '.join(FORMATS)}")
@@ -215,6 +223,8 @@ def save_draft(draft: Draft, path: str | os.PathLike, format: str = "hf", dtype=
             f.write("\n")
     if draft.profile is not None:
         save_profile(draft.profile, directory)
+    if draft.vocab is not None:
+        save_draft_vocab(np.asarray(draft.vocab.ids), directory)
     return weights_path
 
 

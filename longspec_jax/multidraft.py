@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from longspec_jax.draft_vocab import scatter_to_vocab
 from longspec_jax.sampling import SamplingConfig, sampling_log_probs
 from longspec_jax.tree import Acceptance, Tree, TreeSpec, check_sampling_kind
 
@@ -58,8 +59,9 @@ def multidraft_acceptance(tree: Tree, target_logits_BxNxV: jax.Array, key: jax.A
                           sampling: SamplingConfig, kind: str, step=rejection_step) -> Acceptance:
     """The recursive-rejection walk of the module docstring down a sampled tree of static topology ``spec``.
     ``tree.draft_logp`` holds the draft's log-probs after every node; q is their softmax at the sampling
-    temperature, as :func:`longspec_jax.tree.sample_children` drew from. ``step``: one trial of a child
-    (:func:`rejection_step`; the tests pass biased ones)."""
+    temperature, as :func:`longspec_jax.tree.sample_children` drew from (over a draft vocabulary's columns
+    ``tree.draft_ids``, scattered to the target's vocabulary, zero elsewhere, at the nodes the walk visits).
+    ``step``: one trial of a child (:func:`rejection_step`; the tests pass biased ones)."""
     B, N, V = target_logits_BxNxV.shape
     children_NxK = jnp.asarray(spec.children_table)
     deterministic_NxK = jnp.asarray(deterministic_ranks(spec, kind))
@@ -71,7 +73,8 @@ def multidraft_acceptance(tree: Tree, target_logits_BxNxV: jax.Array, key: jax.A
         p_BxV = jnp.exp(sampling_log_probs(_row(target_logits_BxNxV, node_B), sampling))
         chosen_B = jnp.full((B,), -1, jnp.int32)
         if d < spec.depth:
-            logq_BxV = jax.nn.log_softmax(_row(tree.draft_logp, node_B) / sampling.temperature, axis=-1)
+            logq_BxV = scatter_to_vocab(jax.nn.log_softmax(_row(tree.draft_logp, node_B) / sampling.temperature,
+                                                           axis=-1), tree.draft_ids, V, -jnp.inf)
             excluded_BxV = jnp.zeros((B, V), bool)
             K = int(max(spec.branching[d]))
             u_BxK = jax.random.uniform(k_try, (B, K))

@@ -124,8 +124,15 @@ def _draft_spec(path, leaf, tp: int) -> P:
 
 def shard_draft(draft, mesh: Mesh):
     """A :class:`longspec_jax.draft.Draft` placed on ``mesh`` the way its target is: heads and MLP columns over
-    ``model`` (its attention then reads the target's sharded cache on each device), hook data replicated."""
+    ``model`` (its attention then reads the target's sharded cache on each device), a draft vocabulary's LM-head
+    columns over ``model`` as the target's vocabulary (where they divide), hook data and vocabulary ids
+    replicated."""
     tp = model_size(mesh)
     specs = jax.tree_util.tree_map_with_path(lambda path, leaf: _draft_spec(path, leaf, tp), draft.variables)
+    vocab = draft.vocab
+    if vocab is not None:
+        vocab = vocab.replace(ids=jax.device_put(vocab.ids, NamedSharding(mesh, P())),
+                              head=jax.device_put(vocab.head, NamedSharding(mesh, COLUMNS if vocab.size % tp == 0
+                                                                            else P())))
     return dataclasses.replace(draft, variables=jax.device_put(draft.variables, named(mesh, specs)),
-                               hook_data=jax.device_put(draft.hook_data, NamedSharding(mesh, P())))
+                               hook_data=jax.device_put(draft.hook_data, NamedSharding(mesh, P())), vocab=vocab)

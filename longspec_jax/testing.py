@@ -8,12 +8,15 @@ predictions are replaced. Wrong positions can be planted to make acceptance leng
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from longspec_jax.config import RopeConfig, TargetConfig
 from longspec_jax.draft import Draft, DraftConfig, init_draft
+from longspec_jax.draft_vocab import vocab_columns
 from longspec_jax.target import Target, init_target_params
 from longspec_jax.tensor_parallel import group_params, target_shardings
 
@@ -83,6 +86,9 @@ def oracle_table(prompts, continuations, slots: int, vocab_size: int, wrong_ever
 
 def oracle_draft(base: Draft, prompts, continuations, vocab_size: int, slots: int, wrong_every: int = 0,
                  phase: int = 0) -> Draft:
-    """``base`` steered to predict ``continuations`` (see :func:`oracle_table`)."""
+    """``base`` steered to predict ``continuations`` (see :func:`oracle_table`). With a draft vocabulary, the
+    table holds each token's column in it, ``-1`` (unsteered) where the token is not in it."""
     table = oracle_table(prompts, continuations, slots, vocab_size, wrong_every, phase)
-    return Draft(base.config, base.variables, logits_hook=oracle_hook, hook_data=jnp.asarray(table))
+    if base.vocab is not None:
+        table = vocab_columns(np.asarray(base.vocab.ids), table)
+    return dataclasses.replace(base, logits_hook=oracle_hook, hook_data=jnp.asarray(table))

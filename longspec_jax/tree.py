@@ -5,6 +5,10 @@ deterministic trees.
 Node 0 is the root (the last accepted token); level k holds ``tree_shape[k-1]`` nodes at indices
 ``[offsets[k-1], offsets[k])``. Parents always have smaller indices than their children, so indices grow with
 depth, and every (parent, token) pair is unique, so siblings carry distinct tokens.
+
+The draft's log-probs (``V`` here) span what it proposes from: the target's vocabulary, or a draft vocabulary's K
+ids (:mod:`longspec_jax.draft_vocab`), in which case the build ranks and samples over those K columns and maps
+the chosen columns to target ids (``ids_V``) before they become tree tokens.
 """
 
 from __future__ import annotations
@@ -154,6 +158,7 @@ class Tree:
     parents: jax.Array     # [B, N] int32 (root: 0)
     mask: jax.Array        # [B, N, N] bool ancestor-or-self
     draft_logp: jax.Array  # [B, N, V] float32 draft log-probs after each node (0 for the last level, never run)
+    draft_ids: jax.Array | None = None  # [V] int32 target id of each draft_logp column; None: column = target id
 
 
 @struct.dataclass
@@ -215,29 +220,36 @@ class DraftSample:
 
 
 def next_level(spec: TreeSpec, level: int, scores_BxW: jax.Array, logp_BxWxV: jax.Array,
-               sample: DraftSample | None):
+               sample: DraftSample | None, ids_V: jax.Array | None = None):
     """Level ``level + 1`` from level ``level``'s cumulative scores and draft log-probs: beam search (the global
     top-c of cumulative log-prob + child log-prob), or with ``sample`` the children of ``spec.branching`` drawn
-    from the draft. Returns local parent indices, tokens and cumulative draft log-probs, each ``[B, width]``."""
+    from the draft. Returns local parent indices, target tokens (column j is token ``ids_V[j]`` where given) and
+    cumulative draft log-probs, each ``[B, width]``."""
     if sample is None:
-        return expand_level(scores_BxW, logp_BxWxV, spec.shape[level])
-    parents_Wn, tokens_BxWn = sample_children(logp_BxWxV, spec.branching[level],
-                                              jax.random.fold_in(sample.key, level), sample.temperature, sample.kind)
-    logp_BxWn = jnp.take_along_axis(logp_BxWxV[:, parents_Wn], tokens_BxWn[..., None], axis=-1)[..., 0]
-    return jnp.broadcast_to(parents_Wn, tokens_BxWn.shape), tokens_BxWn, scores_BxW[:, parents_Wn] + logp_BxWn
+        parents_BxWn, columns_BxWn, scores_BxWn = expand_level(scores_BxW, logp_BxWxV, spec.shape[level])
+    else:
+        parents_Wn, columns_BxWn = sample_children(logp_BxWxV, spec.branching[level],
+                                                   jax.random.fold_in(sample.key, level), sample.temperature,
+                                                   sample.kind)
+        logp_BxWn = jnp.take_along_axis(logp_BxWxV[:, parents_Wn], columns_BxWn[..., None], axis=-1)[..., 0]
+        parents_BxWn = jnp.broadcast_to(parents_Wn, columns_BxWn.shape)
+        scores_BxWn = scores_BxW[:, parents_Wn] + logp_BxWn
+    return parents_BxWn, columns_BxWn if ids_V is None else ids_V[columns_BxWn], scores_BxWn
 
 
-def start_tree(spec: TreeSpec, ds: DraftSettings, root_B, logp_root_BxV, sample=None) -> TreeBuilder:
-    """The root and level 1 (:func:`next_level` of the root)."""
+def start_tree(spec: TreeSpec, ds: DraftSettings, root_B, logp_root_BxV, sample=None,
+               ids_V: jax.Array | None = None) -> TreeBuilder:
+    """The root and level 1 (:func:`next_level` of the root); ``ids_V``: the draft vocabulary's ids, if any."""
     c = ds.config
     B, N = root_B.shape[0], spec.num_nodes
     tree = Tree(tokens=jnp.zeros((B, N), jnp.int32).at[:, 0].set(root_B), parents=jnp.zeros((B, N), jnp.int32),
                 mask=jnp.broadcast_to(jnp.eye(N, dtype=bool), (B, N, N)),
-                draft_logp=jnp.zeros((B, N, logp_root_BxV.shape[-1]), jnp.float32).at[:, 0].set(logp_root_BxV))
+                draft_logp=jnp.zeros((B, N, logp_root_BxV.shape[-1]), jnp.float32).at[:, 0].set(logp_root_BxV),
+                draft_ids=ids_V)
     tree_k = jnp.zeros((B, N - 1, c.num_kv_heads, c.head_dim), ds.dtype)
     builder = TreeBuilder(tree=tree, scores=jnp.zeros((B, N), jnp.float32), tree_k=tree_k,
                           tree_v=jnp.zeros_like(tree_k))
-    first = next_level(spec, 0, jnp.zeros((B, 1), jnp.float32), logp_root_BxV[:, None], sample)
+    first = next_level(spec, 0, jnp.zeros((B, 1), jnp.float32), logp_root_BxV[:, None], sample, ids_V)
     return _add_level(spec, builder, 1, *first, parent_start=0)
 
 
@@ -255,7 +267,7 @@ def grow_tree(spec: TreeSpec, ds: DraftSettings, weights: DraftWeights, target_p
                                  builder.tree_v, builder.tree.mask[:, nodes, 1:])
     builder = builder.replace(tree=builder.tree.replace(
         draft_logp=builder.tree.draft_logp.at[:, nodes].set(logp_BxWxV)))
-    children = next_level(spec, level, builder.scores[:, nodes], logp_BxWxV, sample)
+    children = next_level(spec, level, builder.scores[:, nodes], logp_BxWxV, sample, builder.tree.draft_ids)
     return _add_level(spec, builder, level + 1, *children, parent_start=nodes.start)
 
 
@@ -265,7 +277,8 @@ def build_tree(spec: TreeSpec, ds: DraftSettings, weights: DraftWeights, target_
     from the draft; the draft runs once per level 1..depth-1."""
     if sample is not None and spec.branching is None:
         raise ValueError(f"a sampled tree needs a static topology (TreeSpec.branching); tree_shape {spec.shape}")
-    builder = start_tree(spec, ds, root_B, logp_root_BxV, sample)
+    ids_V = None if weights.vocab is None else weights.vocab.ids
+    builder = start_tree(spec, ds, root_B, logp_root_BxV, sample, ids_V)
     for level in range(1, spec.depth):
         builder = grow_tree(spec, ds, weights, target_params, cache, ring, builder, level, sample)
     return builder.tree

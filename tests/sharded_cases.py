@@ -34,7 +34,7 @@ from longspec_jax.mesh import HEADS, make_mesh
 from longspec_jax.safetensors_io import save_file
 from longspec_jax.sampling import SamplingConfig
 from longspec_jax.target import Target, forward, init_target_params, lm_head_logits
-from longspec_jax.tensor_parallel import shard_target
+from longspec_jax.tensor_parallel import shard_draft, shard_target
 from longspec_jax.weights import target_tensor_specs
 
 TP_CONFIG = TargetConfig(model_type="llama", vocab_size=256, hidden_size=128, intermediate_size=128, num_layers=2,
@@ -173,6 +173,32 @@ def case_speculative() -> None:
         check_generate(name, speculative=True)
 
 
+def case_draft_vocab() -> None:
+    """A draft vocabulary on mesh 4x2 that leaves out a third of the tokens the target emits: its LM-head columns
+    split over ``model`` where K divides (K = 4 * 40) and replicated where not (K = 161); greedy tokens equal plain
+    decoding and the single-device acceptance counts, and a sampled tree draws as on one device."""
+    target = tp_target()
+    sharded = shard_target(target, mesh_of("4x2"))
+    ref = generate(target, PROMPTS, max_new_tokens=MAX_NEW, eos_token_id=[])
+    excluded = np.unique(ref.tokens)[::3]
+    kept = np.setdiff1d(np.arange(TP_CONFIG.vocab_size), excluded)
+    base = init_draft(DraftConfig.from_target(TP_CONFIG, window=16), jax.random.PRNGKey(1))
+    for k in (160, 161):
+        draft = base.with_vocab(target, kept[:k])
+        head_spec = shard_draft(draft, sharded.mesh).vocab.head.sharding.spec
+        assert ("model" in str(head_spec)) == (k % 4 == 0), head_spec
+        oracle = oracle_draft(draft, PROMPTS, ref.tokens, TP_CONFIG.vocab_size, 512, wrong_every=4)
+        spec_ref = generate(target, PROMPTS, draft=oracle, max_new_tokens=MAX_NEW, eos_token_id=[], tree_shape=TREE)
+        spec = generate(sharded, PROMPTS, draft=oracle, max_new_tokens=MAX_NEW, eos_token_id=[], tree_shape=TREE)
+        np.testing.assert_array_equal(spec.tokens, ref.tokens)
+        np.testing.assert_array_equal(spec.accept_counts, spec_ref.accept_counts)
+        assert spec.accept_counts[:, 1:].sum() > 0 and np.isin(spec.tokens, excluded).any()
+    sampled = dict(max_new_tokens=MAX_NEW, eos_token_id=[], tree_shape=TREE, temperature=1.0, draft_sampling=True,
+                   seed=2)
+    np.testing.assert_array_equal(generate(sharded, PROMPTS, draft=draft, **sampled).tokens,
+                                  generate(target, PROMPTS, draft=draft, **sampled).tokens)
+
+
 def case_lookup_and_sampling() -> None:
     """Prompt lookup, T > 0 sampling (same draws: the random bits do not depend on the sharding), the Pallas
     kernels (interpret mode) under shard_map and streaming (ordered host callbacks), on mesh 4x2."""
@@ -224,7 +250,7 @@ def case_loading(tmp: str) -> None:
 
 
 CASES = {"fast": case_fast, "speculative": case_speculative, "lookup_and_sampling": case_lookup_and_sampling,
-         "loading": case_loading}
+         "loading": case_loading, "draft_vocab": case_draft_vocab}
 
 if __name__ == "__main__":
     assert jax.device_count() == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"

@@ -24,6 +24,7 @@ import torch
 from longspec_jax import Draft, Target, WeightsError, load_draft, load_target, save_draft
 from longspec_jax.config import TargetConfig
 from longspec_jax.draft_io import PTH_NAME, draft_state_dict, hf_config_from_target_config
+from longspec_jax.draft_vocab import VOCAB_NAME, save_draft_vocab
 from longspec_jax.safetensors_io import SafetensorsFile, save_file
 from tests.test_draft import TOL, jax_full_logits, random_draft, random_inputs, target_config
 from tests.torch_reference_draft import draft_class, draft_logits, hf_config_object
@@ -387,3 +388,52 @@ def test_other_bad_inputs(tmp_path, saved, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
     with pytest.raises(WeightsError, match="needs PyTorch"):
         load_draft(tmp_path / "ok", target)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Draft vocabularies
+
+
+@pytest.mark.parametrize("fmt", ["hf", "pth"])
+def test_a_draft_vocabulary_travels_beside_the_weights(tmp_path, fmt):
+    """save_draft writes draft_vocab.npy beside the weights, load_draft gathers it again (or the ids it is
+    given instead), and the HF directory still loads into PyTorch LongSpec's layer."""
+    target = io_target()
+    ids = np.asarray([0, 5, 17, 127], np.int32)
+    draft = random_draft(target.config, seed=6).with_vocab(target, ids)
+    save_draft(draft, tmp_path, format=fmt, target=target)
+    np.testing.assert_array_equal(np.load(tmp_path / VOCAB_NAME), ids)
+    loaded = load_draft(tmp_path, target, dtype=jnp.float32)
+    np.testing.assert_array_equal(loaded.vocab.ids, ids)
+    np.testing.assert_array_equal(loaded.vocab.head, draft.vocab.head)
+    assert_bit_equal(loaded.variables, draft.variables)
+    np.testing.assert_array_equal(load_draft(tmp_path, target, draft_vocab=[1, 2]).vocab.ids, [1, 2])
+    assert load_draft(tmp_path, target).with_vocab(target, None).vocab is None
+    if fmt == "hf":
+        hf = json.loads((tmp_path / "config.json").read_text())
+        _, info = draft_class(hf).from_pretrained(tmp_path, output_loading_info=True)
+        assert not info["missing_keys"] and not info["unexpected_keys"], info
+
+
+@pytest.mark.parametrize("fmt", ["hf", "pth"])
+def test_the_export_keeps_a_training_runs_draft_vocabulary(tmp_path, fmt):
+    target = io_target()
+    _save_steps(tmp_path / "ckpt", target)
+    ids = np.asarray([3, 4, 90], np.int32)
+    save_draft_vocab(ids, tmp_path / "ckpt")
+    assert export_main(["--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"), "--format", fmt]) == 0
+    np.testing.assert_array_equal(load_draft(tmp_path / "out", target).vocab.ids, ids)
+
+
+def test_bad_stored_draft_vocabularies_are_named(tmp_path, saved):
+    target, draft, _ = saved
+    save_draft(draft, tmp_path, target=target)
+    np.save(tmp_path / VOCAB_NAME, np.asarray([4, 2]))
+    with pytest.raises(ValueError, match=f"{VOCAB_NAME}: not sorted: token id 2 at position 1 follows 4"):
+        load_draft(tmp_path, target)
+    load_draft(tmp_path, target, draft_vocab=[2, 4])  # given ids replace the stored ones unread
+    (tmp_path / VOCAB_NAME).write_bytes(b"not an array")
+    with pytest.raises(WeightsError, match=f"{VOCAB_NAME}: not a readable .npy array"):
+        load_draft(tmp_path, target)
+    with pytest.raises(ValueError, match=r"token id 128 at position 0 is outside the target's vocabulary \[0, 128\)"):
+        load_draft(tmp_path, target, draft_vocab=[128])

@@ -132,6 +132,9 @@ def test_a_missing_default_model_is_a_clear_error(capsys, default_model):
     (["--tiny-random", "--prompt", "x", "--draft-sampling"], "--draft-sampling needs a draft"),
     (["--prompt", "x", "--no-draft", "--draft-sampling"], "--draft-sampling needs a draft"),
     (["--prompt", "x", "--no-draft", "--draft", "."], "either --draft or --no-draft"),
+    (["--tiny-random", "--prompt", "x", "--draft-vocab", "full"], "--draft-vocab needs a draft"),
+    (["--tiny-random", "--prompt", "x", "--draft", ".", "--draft-vocab", "/no/ids.npy"],
+     "--draft-vocab /no/ids.npy: no such file (or 'full')"),
 ])
 def test_bad_arguments_are_argparse_errors(capsys, argv, message):
     with pytest.raises(SystemExit) as info:
@@ -184,6 +187,35 @@ def test_draft_gives_the_same_text_as_plain_decoding(capsys, tmp_path):
     assert code == 2 and "draft_sampling needs temperature > 0" in err
     code, _, err = run_cli(capsys, *argv, *sampled, "--temperature", "1")
     assert code == 0 and "tokens per round (tau)" in err, err
+
+
+def test_draft_vocab_gives_the_same_text_as_plain_decoding(capsys, recorded, tmp_path):
+    """A draft vocabulary of the bytes 0..127 (the draft's own) or of the even bytes (from a file), where the output
+    holds others too; ``full`` drops the draft's own; a bad file is a clean error."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from longspec_jax import save_draft
+    from longspec_jax.draft import DraftConfig, init_draft
+
+    target, _ = cli.tiny_random_target(jnp.float32)
+    draft = init_draft(DraftConfig.from_target(target.config), jax.random.PRNGKey(1))
+    save_draft(draft.with_vocab(target, np.arange(128)), tmp_path / "draft", format="hf", target=target)
+    np.save(tmp_path / "ids.npy", np.arange(0, 256, 2))
+    argv = ["--tiny-random", "--dtype", "float32", "--prompt", "def f(", "--max-new-tokens", "16", "--ignore-eos",
+            "--draft", str(tmp_path / "draft"), "--tree-shape", "2,2,2"]
+    code, plain, _ = run_cli(capsys, *argv[:8])
+    tokens = recorded[-1][1].tokens[0]
+    assert code == 0 and (tokens >= 128).any() and (tokens % 2).any()
+    for extra, words in (([], "draft vocabulary: 128 of 256 tokens"), (["--draft-vocab", str(tmp_path / "ids.npy")],
+                         "draft vocabulary: 128 of 256 tokens"), (["--draft-vocab", "full"], None)):
+        code, spec, err = run_cli(capsys, *argv, *extra)
+        assert code == 0 and spec == plain, err
+        assert (words in err) if words else "draft vocabulary" not in err
+    np.save(tmp_path / "bad.npy", np.asarray([3, 1]))
+    code, _, err = run_cli(capsys, *argv, "--draft-vocab", str(tmp_path / "bad.npy"))
+    assert code == 2 and "bad.npy: not sorted" in err
 
 
 def test_module_entry_point():

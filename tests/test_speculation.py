@@ -128,6 +128,17 @@ def test_round_cost_grows_with_nodes_and_batch():
     assert round_seconds(sizes, device, (1, 1, 1, 1), 1, 16384) < small
 
 
+def test_a_draft_vocabulary_shrinks_the_draft_head_and_caps_children():
+    """The cost model reads K columns of the LM head per draft step, and no sampled node gets more than K
+    children."""
+    full, small = ModelSizes.of(PADDED), ModelSizes.of(PADDED, draft_vocab_size=4096)
+    assert full.draft_params - small.draft_params == (16384 - 4096) * 4608
+    assert small.target_params == full.target_params
+    s = choose(PADDED, None, SamplingConfig(1.0), 1, 16384, tree_shape=(3, 9, 9), device=DEVICE_MODELS["H200"],
+               draft_vocab_size=3)
+    assert max(max(counts) for counts in s.branching) <= 3
+
+
 # What auto does for the 8B-cost pair with the default rates (the documented table): at 12k tokens of context,
 # and at 1k with a batch of 128, where verification would be bound by its GEMMs and plain decoding wins.
 AUTO_TABLE = {

@@ -1,6 +1,7 @@
 """T > 0 losslessness: whole outputs of speculative sampling follow the target's own sampling distribution, for
 trees of the draft's top-k beams (verified against the target's own draws) and for trees sampled from the draft
-(chains, small and 69-node trees, both sampling kinds; verified by recursive rejection sampling).
+(chains, small and 69-node trees, both sampling kinds; verified by recursive rejection sampling), with the draft's
+full vocabulary or a draft vocabulary that leaves out a token the target emits.
 
 Setup: a 4-token vocabulary, a ragged batch of two prompts (6 and 3 tokens), 8 new tokens with EOS inside the
 window, temperature and top-p < 1. Every output (8 tokens, or fewer ending at EOS) has an exact probability,
@@ -15,7 +16,8 @@ test counts both). Two statistics must both pass: Pearson's chi-square over whol
 test (:func:`tests.exact_outputs.rank_residual_pvalue`). Mutated acceptance rules, injected through
 ``SpecSettings.acceptance``, must fail them: the exact rule with 2% of the target's draws at tree nodes replaced
 by its argmax, the PyTorch reference's p/q rule, and for sampled trees an acceptance ratio 2% too high and a
-walk that keeps p instead of the residual after a rejected child.
+walk that keeps p instead of the residual after a rejected child, and, with a draft vocabulary, a walk that
+reads the draft's columns as target ids 0..K-1.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class Case:
     top_p: float             # no reachable prefix has a nucleus cut within float32 rounding of it (asserted)
     min_full_rounds: float   # least share of rounds that accept a full root-to-leaf path plus the bonus token
     draft_sampling: bool | str = False  # a tree sampled from the draft (generate(draft_sampling=))
+    draft_vocab: tuple[int, ...] | None = None  # the draft proposes only these ids (Draft.with_vocab)
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -77,6 +80,10 @@ SAMPLED_69 = Case(tree=(4, 16, 16, 16, 16), temperature=1.0, top_p=0.925, min_fu
 SAMPLED_69_SHARP = Case(tree=(4, 16, 16, 16, 16), temperature=0.7, top_p=0.9, min_full_rounds=0.01,
                         draft_sampling=True)
 TOP_PLUS_ONE = Case(tree=(3, 4, 4), temperature=1.0, top_p=0.925, min_full_rounds=0.03, draft_sampling="top_plus_one")
+SUBSET = (0, 2, 3)  # token 1 left out of the draft vocabulary
+SUBSET_TREE = dataclasses.replace(TREE, min_full_rounds=0.03, draft_vocab=SUBSET)
+SUBSET_SAMPLED = dataclasses.replace(SAMPLED_BINARY, draft_vocab=SUBSET)
+SUBSET_DEEP = dataclasses.replace(SAMPLED_69, tree=(3, 9, 16, 16, 16), draft_vocab=SUBSET)  # level 1: K wide
 
 
 def _target() -> Target:
@@ -151,10 +158,15 @@ def _rows() -> list[list[int]]:
     return [PROMPTS[b % len(PROMPTS)] for b in range(SAMPLES)]
 
 
+def _case_draft(case: Case) -> Draft:
+    target, draft = _models()
+    return draft if case.draft_vocab is None else draft.with_vocab(target, case.draft_vocab)
+
+
 def _speculative(case: Case, acceptance=None, seed: int = 0):
     """One speculative generate call over ``SAMPLES`` rows with the given acceptance rule (default: the case's
     own)."""
-    target, draft = _models()
+    target, draft = _models()[0], _case_draft(case)
     settings = plan_speculative(target, draft, max(map(len, PROMPTS)), MAX_NEW, case.sampling, case.tree, 512,
                                 "xla", case.draft_sampling)
     needed = settings.base.prompt_len + settings.base.out_len + settings.tree.num_nodes
@@ -238,11 +250,18 @@ ratio_biased_acceptance = _sampled_mutant(_ratio_biased_step)
 residual_skipped_acceptance = _sampled_mutant(_residual_skipped_step)
 
 
+def columns_as_ids_acceptance(tree, target_logits_BxNxV, key, settings):
+    """The sampled-tree walk reading column j of the draft's log-probs as target id j, where the draft vocabulary
+    maps it to another id."""
+    return sampled_tree_acceptance(tree.replace(draft_ids=jnp.arange(tree.draft_logp.shape[-1])),
+                                   target_logits_BxNxV, key, settings)
+
+
 def _stoppable(case: Case) -> np.ndarray:
     """The depths a round can stop at: those with a node that does not hold every token as a child (a sampled
     tree whose node has all V tokens as children always accepts one)."""
-    target, draft = _models()
-    spec = plan_speculative(target, draft, 4, 2, case.sampling, case.tree, 512, "xla", case.draft_sampling).tree
+    spec = plan_speculative(_models()[0], _case_draft(case), 4, 2, case.sampling, case.tree, 512, "xla",
+                            case.draft_sampling).tree
     if spec.branching is None:
         return np.arange(spec.depth)
     return np.asarray([d for d, counts in enumerate(spec.branching) if min(counts) < VOCAB])
@@ -256,7 +275,19 @@ CASES = [pytest.param(TREE, id="tree-T1-top_p0.925"),
          pytest.param(SAMPLED_69_SHARP, id="sampled-69-T0.7-top_p0.9", marks=pytest.mark.slow),
          pytest.param(TOP_PLUS_ONE, id="top-plus-one-3,4,4-T1-top_p0.925", marks=pytest.mark.slow),
          pytest.param(TREE_SHARP, id="tree-T0.7-top_p0.9", marks=pytest.mark.slow),
-         pytest.param(CHAIN, id="chain-T0.7-top_p0.9", marks=pytest.mark.slow)]
+         pytest.param(CHAIN, id="chain-T0.7-top_p0.9", marks=pytest.mark.slow),
+         pytest.param(SUBSET_TREE, id="subset-vocab-tree-T1-top_p0.925"),
+         pytest.param(SUBSET_SAMPLED, id="subset-vocab-sampled-2,2,2-T1-top_p0.925", marks=pytest.mark.slow),
+         pytest.param(SUBSET_DEEP, id="subset-vocab-sampled-3,9,16,16,16-T1-top_p0.925", marks=pytest.mark.slow)]
+
+
+def _left_out_rate(samples, exact, token: int) -> tuple[float, float, float]:
+    """Occurrences of ``token`` per output: (sampled mean, exact mean, exact standard error of the sampled
+    mean)."""
+    count = lambda output: output.count(token)
+    mean = sum(p * count(o) for o, p in exact.prob.items())
+    var = sum(p * (count(o) - mean) ** 2 for o, p in exact.prob.items())
+    return float(np.mean([count(o) for o in samples])), mean, (var / len(samples)) ** 0.5
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -275,6 +306,10 @@ def test_speculative_sampling_matches_exact_output_distribution(case):
     assert np.mean([x[-1] == EOS for x in sum(samples, [])]) >= 0.1  # EOS inside the window
     for s, e in zip(samples, exact):
         assert not impossible_outputs(s, e)[:5]
+    for left_out in sorted(set(range(VOCAB)) - set(case.draft_vocab or range(VOCAB))):
+        for s, e in zip(samples, exact):
+            got, want, stderr = _left_out_rate(s, e, left_out)
+            assert want > 0.3 and abs(got - want) < 5 * stderr, (left_out, got, want, stderr)
     pvalues = _pvalues(samples, exact)
     assert min(pvalues.values()) > ALPHA, pvalues
 
@@ -293,9 +328,11 @@ def test_plain_sampling_matches_exact_output_distribution():
 @pytest.mark.parametrize("case, mutant", [(TREE, argmax_leak_acceptance), (TREE, reference_pq_acceptance),
                                           (SAMPLED_CHAIN, residual_skipped_acceptance),
                                           (SAMPLED_BINARY, residual_skipped_acceptance),
-                                          (SAMPLED_69, ratio_biased_acceptance)],
+                                          (SAMPLED_69, ratio_biased_acceptance),
+                                          (SUBSET_SAMPLED, columns_as_ids_acceptance)],
                          ids=["argmax-2%", "reference-pq", "sampled-chain-residual-skipped",
-                              "sampled-2,2,2-residual-skipped", "sampled-69-ratio-2%"])
+                              "sampled-2,2,2-residual-skipped", "sampled-69-ratio-2%",
+                              "subset-vocab-sampled-2,2,2-columns-as-ids"])
 def test_mutant_acceptance_fails(case, mutant):
     """The test fails a slightly (2% argmax) or structurally (p/q) biased rule on the default tree, sampled trees
     that keep p instead of the residual after a rejection, and a sampled tree whose acceptance ratio is 2% too

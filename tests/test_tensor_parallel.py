@@ -77,5 +77,10 @@ def test_sharded_speculative_generate_on_every_mesh():
 
 
 @pytest.mark.slow
+def test_sharded_draft_vocab():
+    run_cases("draft_vocab")
+
+
+@pytest.mark.slow
 def test_sharded_lookup_sampling_and_pallas():
     run_cases("lookup_and_sampling")

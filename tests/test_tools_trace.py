@@ -121,3 +121,18 @@ def test_profile_compiles_phases_as_generate_does(tmp_path, monkeypatch, compile
     assert set(rows) == {"plain", "verify"}
     assert {name for name, row in rows.items() if "xla_no_such_option" in row.get("error", "")} == failing
     assert all("error" not in row for name, row in rows.items() if name not in failing)
+
+
+@pytest.mark.slow
+def test_profile_draft_vocab_variant_computes_k_logits_a_node(tmp_path):
+    """``--draft-vocabs 16``: a variant whose tree levels multiply by 16 LM-head columns where the default's use the
+    target's 512."""
+    from tools.profile import main
+
+    assert main(["--out", str(tmp_path), "--smoke", "--model", "llama3-8b", "--tree", "2,2", "--draft-vocabs", "16",
+                 "--phases", "tree_level2,round", "--hlo"]) == 0
+    report = json.loads((tmp_path / "bench_profile.json").read_text())
+    assert set(report["contexts"]["40"]) == {"default", "vocab_16"}
+    hlo = {v: (tmp_path / "hlo" / "40" / f"{v}_tree_level2.hlo.txt").read_text() for v in ("default", "vocab_16")}
+    assert "f32[2,512]{1,0} dot(" in hlo["default"] and "f32[2,16]{1,0} dot(" not in hlo["default"]
+    assert "f32[2,16]{1,0} dot(" in hlo["vocab_16"] and "f32[2,512]{1,0} dot(" not in hlo["vocab_16"]

@@ -59,6 +59,7 @@ def test_example_configs_load(setup, name):
     ("data.format=chat", r"data.format must be one of text, prompt_answer"),
     ("optim.lr=-1", r"optim.lr must be positive"),
     ("draft.init=/no/such/draft", r"draft.init: not found"),
+    ("draft.vocab_size=-1", r"draft.vocab_size must be >= 0, got -1"),
 ])
 def test_bad_configs_are_named(setup, override, message):
     _, _, _, path = setup

@@ -1,5 +1,6 @@
 """Training data: the row layouts (packed text, cut and padded text, prompt/answer with prompt masking), EOS
-handling, the three file types, the tokenised-data cache, and the deterministic, resumable order."""
+handling, the three file types, the tokenised-data cache, the deterministic, resumable order, and a run's draft
+vocabulary."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import json
 import numpy as np
 import pytest
 
+from longspec_jax.errors import ConfigError
 from tests.train_helpers import build_tokenizer, corpus_lines, write_jsonl
 from train.config import DataSection
 from train.data import BatchOrder, Batches, build_rows
+from train.vocab import write_run_vocab
 
 EOS, PAD = 1, 3
 
@@ -135,3 +138,21 @@ def test_batches_resume_where_they_left_off(tokenizer, tmp_path):
         for k in batch:
             np.testing.assert_array_equal(batch[k], full[step][k])
     resumed.close()
+
+
+def test_a_runs_draft_vocabulary_is_its_most_frequent_predicted_tokens(tokenizer, tmp_path):
+    """Counted over target positions only (prompts and untrained EOS left out), written where export finds it."""
+    path = tmp_path / "pa.jsonl"
+    examples = [{"q": "zzzz " * 20, "a": f" return x + {i}"} for i in range(30)]
+    path.write_text("".join(json.dumps(e) + "\n" for e in examples))
+    data = DataSection(train=[str(path)], format="prompt_answer", prompt_field="q", answer_field="a", seq_len=48)
+    rows = build_rows([str(path)], data, tokenizer, EOS, PAD, str(tmp_path / "cache"))
+    got = rows.rows(np.arange(len(rows)))
+    counts = np.bincount(got["tokens"][got["targets"] > 0], minlength=len(tokenizer))
+    written = write_run_vocab(rows, 5, len(tokenizer), str(tmp_path / "run"))
+    ids = np.load(written)
+    assert written.endswith("draft_vocab.npy") and ids.size == 5 and (np.diff(ids) > 0).all()
+    assert counts[ids].min() >= np.delete(counts, ids).max() and counts[ids].min() > 0
+    assert not np.isin(_ids(tokenizer, "zzzz"), ids).any() and EOS not in ids
+    with pytest.raises(ConfigError, match=f"draft.vocab_size 999 exceeds the target's vocabulary of {len(tokenizer)}"):
+        write_run_vocab(rows, 999, len(tokenizer), str(tmp_path / "run"))

@@ -38,7 +38,7 @@ def setup(tmp_path_factory):
 def test_twenty_steps_lower_the_loss_and_the_draft_exports(setup, tmp_path):
     root, target, train, dev = setup
     config = write_config(tmp_path / "c.yaml", target, [train], tmp_path / "ckpt", data={"eval": [str(dev)]},
-                          train={"grad_accum": 2}, log={"tensorboard": True})
+                          train={"grad_accum": 2}, log={"tensorboard": True}, draft={"vocab_size": 48})
     assert main(["--config", str(config)]) == 0
     metrics = read_metrics(tmp_path / "ckpt")
     assert [m["step"] for m in metrics] == list(range(1, 21))
@@ -54,11 +54,14 @@ def test_twenty_steps_lower_the_loss_and_the_draft_exports(setup, tmp_path):
     assert export_main(["--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "draft")]) == 0
     tgt = load_target(target, dtype=jnp.float32)
     draft = load_draft(tmp_path / "draft", tgt, dtype=jnp.float32)
+    np.testing.assert_array_equal(draft.vocab.ids, np.load(tmp_path / "ckpt" / "draft_vocab.npy"))
+    assert draft.vocab.size == 48
     prompts = [tgt.tokenizer(t)["input_ids"] for t in corpus_lines(2, 7)]
     plain = generate(tgt, prompts, max_new_tokens=40, eos_token_id=[])
-    spec = generate(tgt, prompts, draft=draft, max_new_tokens=40, eos_token_id=[], tree_shape=(2, 4, 4))
-    np.testing.assert_array_equal(spec.tokens, plain.tokens)
-    assert spec.num_rounds.sum() > 0
+    for proposing in (draft, draft.with_vocab(tgt, None)):  # the run's 48 most frequent tokens, every token
+        spec = generate(tgt, prompts, draft=proposing, max_new_tokens=40, eos_token_id=[], tree_shape=(2, 4, 4))
+        np.testing.assert_array_equal(spec.tokens, plain.tokens)
+        assert spec.num_rounds.sum() > 0
 
 
 def _train_cmd(config):

@@ -18,7 +18,9 @@ computed twice (:mod:`tools.ablation`): its time over the default's is the part'
 round; ``--impls`` adds one variant per attention impl, timed after the default (``--attention``) in the same
 process, so ``--attention auto --impls mosaic,auto`` times A, B, A; ``--mosaic`` adds variants of the Mosaic GPU
 cache half's launch shape (:mod:`tools.mosaic_override`); ``--verify-node-multiples`` adds variants that
-verify the tree padded to a multiple of nodes (``SpecSettings.verify_node_multiple``). ``--phases`` picks the phases.
+verify the tree padded to a multiple of nodes (``SpecSettings.verify_node_multiple``); ``--draft-vocabs`` adds
+variants whose draft proposes from a draft vocabulary of K ids (:mod:`longspec_jax.draft_vocab`; the first K, which
+on random weights times as any other K would). ``--phases`` picks the phases.
 
 Wall and idle time include gaps that occur once per profiled call, not per step (e.g. one of 3.2-3.6 ms a call
 in verification and the round under ``xla_gpu_experimental_force_split_k``): with few
@@ -56,6 +58,7 @@ from infer.plain import decode_step
 from infer.speculative import VERIFY_NODE_MULTIPLE, spec_round, speculative_start, verify
 from longspec_jax.attention import IMPLS
 from longspec_jax.draft import DraftConfig, draft_root, init_draft
+from longspec_jax.draft_vocab import gather_draft_vocab
 from longspec_jax.sampling import SamplingConfig
 from longspec_jax.tree import grow_tree, start_tree
 
@@ -64,17 +67,19 @@ ABLATE_PREFIX = "x2_"  # variant name of a doubled part
 IMPL_PREFIX = "impl_"  # variant name of another attention impl
 MOSAIC_PREFIX = "mosaic_"  # variant name of another Mosaic launch shape
 NODES_PREFIX = "nodes_"  # variant name of verification on a tree padded to a multiple of nodes
+VOCAB_PREFIX = "vocab_"  # variant name of a draft proposing from a draft vocabulary
 
 
 class Variant(NamedTuple):
     """XLA compiler options of every phase's compile, the parts computed twice (:mod:`tools.ablation`), the
-    attention impl (None: the pair's), Mosaic launch-shape fields (:func:`mosaic_override`) and the round's
-    ``SpecSettings.verify_node_multiple``."""
+    attention impl (None: the pair's), Mosaic launch-shape fields (:func:`mosaic_override`), the round's
+    ``SpecSettings.verify_node_multiple`` and the size of the draft's vocabulary (0: the target's)."""
     options: dict
     doubled: tuple = ()
     impl: str | None = None
     mosaic: tuple = ()
     verify_node_multiple: int = VERIFY_NODE_MULTIPLE
+    draft_vocab: int = 0
 
 
 def level_phase(k: int) -> str:
@@ -128,8 +133,10 @@ def profile_context(plan, stop, tparams, weights, tokens, lengths, reps: int, va
         settings = dataclasses.replace(plan(how.impl), verify_node_multiple=how.verify_node_multiple)
         start = jax.jit(lambda p, d, t, l, k: speculative_start(settings, p, d, t, l, stop, k))  # noqa: B023
         fresh_state = functools.partial(start, tparams, weights, tokens, lengths, jax.random.PRNGKey(0))
+        drafted = weights if not how.draft_vocab else weights.replace(vocab=gather_draft_vocab(
+            tparams, np.arange(how.draft_vocab), settings.base.config.vocab_size))
         with doubling(how.doubled), mosaic_override(dict(how.mosaic)):  # the phases are traced afresh inside
-            out[variant] = _profile_variant(variant, how.options, fresh_state, settings, stop, tparams, weights,
+            out[variant] = _profile_variant(variant, how.options, fresh_state, settings, stop, tparams, drafted,
                                             reps, hlo_dir, phases, compile_mode)
         on_variant()
     return out
@@ -148,7 +155,7 @@ def _profile_variant(variant, opts, fresh_state, settings, stop, tparams, weight
     root_B = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)[:, 0]
     logp_root_BxV, ring = draft_root(ds, weights, tparams, state.cache, state.ring, state.pending,
                                      state.num_pending)
-    builder = start_tree(spec, ds, root_B, logp_root_BxV)
+    builder = start_tree(spec, ds, root_B, logp_root_BxV, ids_V=None if weights.vocab is None else weights.vocab.ids)
     levels = [builder]
     for k in range(1, spec.depth):
         levels.append(grow_tree(spec, ds, weights, tparams, state.cache, ring, levels[-1], k))
@@ -286,6 +293,9 @@ def parse_args(argv=None):
                    help="one more variant per M: verification on the tree padded to a multiple of M nodes "
                         f"(SpecSettings.verify_node_multiple; the default variant's is {VERIFY_NODE_MULTIPLE}), "
                         "e.g. 1: unpadded")
+    p.add_argument("--draft-vocabs", type=positive_ints_arg, default=(), metavar="K,...",
+                   help="one more variant per K: the draft proposes from a draft vocabulary of K token ids, e.g. "
+                        "32768 of Llama-3's 128256")
     p.add_argument("--phases", default=None, metavar="PHASE,...",
                    help="phases to profile (default all: plain, draft_step0, tree_levelK, verify, round)")
     p.add_argument("--hlo", action="store_true",
@@ -311,6 +321,7 @@ def parse_args(argv=None):
         args.variants[MOSAIC_PREFIX + name] = Variant({}, mosaic=tuple(sorted(fields.items())))
     args.variants.update({f"{NODES_PREFIX}{m}": Variant({}, verify_node_multiple=m)
                           for m in args.verify_node_multiples})
+    args.variants.update({f"{VOCAB_PREFIX}{k}": Variant({}, draft_vocab=k) for k in args.draft_vocabs})
     args.phases = tuple(args.phases.split(",")) if args.phases else None
     known = phase_names(len(args.tree))
     unknown = sorted(set(args.phases or ()) - set(known))

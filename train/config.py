@@ -51,6 +51,8 @@ class DataSection:
 class DraftSection:
     window: int = 512               # self-attention window
     init: str = ""                  # start from this draft (LongSpec HF dir, .pth, or a training checkpoint dir)
+    vocab_size: int = 0             # K > 0: the K most frequent trained-on tokens as the draft vocabulary
+                                    # (checkpoint.dir/draft_vocab.npy, exported with the draft); 0: none
 
 
 @dataclasses.dataclass
@@ -217,7 +219,8 @@ def validate(c: TrainConfig) -> None:
                             ("noise.max_shift", c.noise.max_shift, 1), ("loss.chunk_tokens", c.loss.chunk_tokens, 1),
                             ("anchor.max_anchors", c.anchor.max_anchors, 0), ("mesh.data", c.mesh.data, 0),
                             ("mesh.fsdp", c.mesh.fsdp, 1), ("train.eval_every", c.train.eval_every, 0),
-                            ("data.eval_rows", c.data.eval_rows, 1), ("data.num_proc", c.data.num_proc, 0)):
+                            ("data.eval_rows", c.data.eval_rows, 1), ("data.num_proc", c.data.num_proc, 0),
+                            ("draft.vocab_size", c.draft.vocab_size, 0)):
         if value < low:
             raise ConfigError(f"{key} must be >= {low}, got {value}")
     if not c.optim.lr > 0:

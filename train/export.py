@@ -6,15 +6,18 @@
 / ``Qwen2GlideDecoderLayer.from_pretrained``, or ``longspec_jax.load_draft``); ``pth`` writes
 ``OUT/draft_model_weights.pth`` (the training code's format) and the same ``config.json``. The target config
 comes from the checkpoint's metadata, so the target's weights are not needed. Without ``--step`` the newest
-complete step is exported.
+complete step is exported. A draft vocabulary the run chose (``DIR/draft_vocab.npy``) is copied beside the
+weights.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from longspec_jax.draft_io import EXPORT_DTYPES, FORMATS, save_draft
+from longspec_jax.draft_vocab import load_draft_vocab, save_draft_vocab
 from train.checkpointing import restore_checkpoint
 
 
@@ -22,7 +25,11 @@ def export_checkpoint(checkpoint: str, out: str, format: str = "hf", step: int |
                       dtype: str = "float32") -> str:
     """Exports one training checkpoint; returns the path of the written weights file."""
     ckpt = restore_checkpoint(checkpoint, step, restore_opt_state=False)
-    return save_draft(ckpt.to_draft(), out, format=format, dtype=dtype)
+    path = save_draft(ckpt.to_draft(), out, format=format, dtype=dtype)
+    ids = load_draft_vocab(checkpoint, ckpt.target_config["vocab_size"])
+    if ids is not None:
+        save_draft_vocab(ids, os.path.dirname(path))
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:

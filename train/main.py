@@ -3,9 +3,10 @@
     python -m train.main --config configs/code_lm_stage1.yaml [dotted.key=value ...]
 
 Everything the run writes goes under ``checkpoint.dir``: Orbax checkpoints (one directory per saved step),
-``metrics.jsonl``, ``tensorboard/``, ``config.yaml`` (the resolved config) and the tokenised-data cache. Run the
-same command again after a kill and it resumes from the newest complete checkpoint, reading the same data and
-drawing the same random numbers as the uninterrupted run. ``python -m train.export --checkpoint DIR --out OUT``
+``metrics.jsonl``, ``tensorboard/``, ``config.yaml`` (the resolved config), the tokenised-data cache and, with
+``draft.vocab_size``, ``draft_vocab.npy`` (:mod:`train.vocab`). Run the same command again after a kill and it
+resumes from the newest complete checkpoint, reading the same data and drawing the same random numbers as the
+uninterrupted run. ``python -m train.export --checkpoint DIR --out OUT``
 writes the draft in a PyTorch LongSpec format.
 """
 
@@ -33,6 +34,7 @@ from train.flops import device_peak_flops, train_flops_per_token
 from train.metrics import MetricsLog
 from train.sharding import init_distributed, jit_train_step, make_mesh, put_batch, replicated, tree_shardings
 from train.step import StepSettings, TrainState, eval_counts, eval_summary, init_state, make_optimizer
+from train.vocab import write_run_vocab
 
 # Config sections that must match when a run resumes from a checkpoint (the rest may change between attempts).
 RESUME_KEYS = ("target", "data.train", "data.format", "data.seq_len", "data.pack", "draft", "anchor", "noise",
@@ -63,6 +65,8 @@ def run(config: TrainConfig) -> list[dict]:
     draft_config = DraftConfig.from_target(target_config, config.draft.window)
     train_rows, eval_rows = load_rows(config, target_config)
     init_distributed()
+    if config.draft.vocab_size and jax.process_index() == 0:
+        write_run_vocab(train_rows, config.draft.vocab_size, target_config.vocab_size, ckpt_dir)
     mesh = make_mesh(config.mesh)
     micro_rows = config.train.batch_size // config.train.grad_accum
     if micro_rows % mesh.size:
