@@ -19,6 +19,7 @@ from pathlib import Path
 
 DEFAULT_MODEL = Path(__file__).resolve().parent / "default_model"  # target/ and draft/; see its README.md
 DTYPES = ("bfloat16", "float32")
+DRAFT_SAMPLING = {"beams": False, "without_replacement": "without_replacement", "top_plus_one": "top_plus_one"}
 
 
 class ByteTokenizer:
@@ -127,11 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="LongSpec draft (speculative decoding); default: the embedded default model's draft "
                              "when --target is not given")
     parser.add_argument("--no-draft", action="store_true", help="plain decoding with the default model")
-    parser.add_argument("--tree-shape", type=tree_shape_arg, default=(4, 16, 16, 16, 16), metavar="C0,C1,...",
-                        help="speculative tree: beams per level (with a draft)")
-    parser.add_argument("--draft-sampling", action="store_true",
-                        help="with a draft, --temperature > 0 and a chain --tree-shape (1,1,1,1): the draft samples "
-                             "its chain, verified by speculative sampling (as exact; more tokens per round)")
+    parser.add_argument("--tree-shape", type=tree_shape_arg, default=None, metavar="C0,C1,...",
+                        help="speculative tree: nodes per level (with a draft; default: chosen per call)")
+    parser.add_argument("--draft-sampling", choices=DRAFT_SAMPLING, default=None,
+                        help="with a draft: the draft's top-k beams, or a tree sampled from it (--temperature > 0) "
+                             "without replacement or as top tokens plus one draw (default: chosen per call)")
     parser.add_argument("--draft-vocab", metavar="FILE|full",
                         help="with --draft: propose only from the sorted token ids of this .npy file (a draft "
                              "vocabulary), or from the full vocabulary despite the draft's own draft_vocab.npy")
@@ -247,7 +248,8 @@ def main(argv=None) -> int:
               f"prompt: {len(ids)} tokens", file=sys.stderr)
         kwargs = dict(draft=draft, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                       top_p=args.top_p, seed=args.seed, tree_shape=args.tree_shape,
-                      eos_token_id=[] if args.ignore_eos else None, draft_sampling=args.draft_sampling)
+                      eos_token_id=[] if args.ignore_eos else None,
+                      draft_sampling=None if args.draft_sampling is None else DRAFT_SAMPLING[args.draft_sampling])
         streamer = TextStreamer(tokenizer.decode)
         sys.stdout.write(prompt)
         sys.stdout.flush()
@@ -258,7 +260,9 @@ def main(argv=None) -> int:
         n = int(out.num_generated[0])
         print(f"[infer.main] {n} tokens in {first_s:.3f} s (first call, includes compilation and prefill): "
               f"{n / first_s:.2f} tokens/s", file=sys.stderr)
-        if draft is not None:
+        if out.speculation is not None:
+            print(f"[infer.main] speculation: {out.speculation.describe()}", file=sys.stderr)
+        if out.speculation is not None and out.speculation.tree_shape is not None:
             print(f"[infer.main] {int(out.num_rounds[0])} rounds: {out.mean_accepted:.2f} tokens per round (tau)",
                   file=sys.stderr)
         if args.repeat:

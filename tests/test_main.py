@@ -129,8 +129,9 @@ def test_a_missing_default_model_is_a_clear_error(capsys, default_model):
     (["--prompt", "x", "--draft", "/nonexistent/draft"], "--draft /nonexistent/draft: no such file"),
     (["--tiny-random", "--target", ".", "--prompt", "x"], "either --target or --tiny-random"),
     (["--prompt", "x", "--tree-shape", "4,x"], "--tree-shape: expected comma-separated positive integers"),
-    (["--tiny-random", "--prompt", "x", "--draft-sampling"], "--draft-sampling needs a draft"),
-    (["--prompt", "x", "--no-draft", "--draft-sampling"], "--draft-sampling needs a draft"),
+    (["--tiny-random", "--prompt", "x", "--draft-sampling", "beams"], "--draft-sampling needs a draft"),
+    (["--prompt", "x", "--no-draft", "--draft-sampling", "top_plus_one"], "--draft-sampling needs a draft"),
+    (["--prompt", "x", "--draft-sampling", "often"], "--draft-sampling: invalid choice"),
     (["--prompt", "x", "--no-draft", "--draft", "."], "either --draft or --no-draft"),
     (["--tiny-random", "--prompt", "x", "--draft-vocab", "full"], "--draft-vocab needs a draft"),
     (["--tiny-random", "--prompt", "x", "--draft", ".", "--draft-vocab", "/no/ids.npy"],
@@ -181,8 +182,9 @@ def test_draft_gives_the_same_text_as_plain_decoding(capsys, tmp_path):
     code, spec, err = run_cli(capsys, *argv, "--draft", str(tmp_path / "draft"), "--tree-shape", "2,2,2")
     assert code == 0, err
     assert spec == plain and "tokens per round (tau)" in err
+    assert "speculation: tree 2,2,2, draft's top-k beams (tree_shape given" in err
     # a sampled chain: the flag reaches generate(), which checks the temperature and runs it at T > 0
-    sampled = ["--draft", str(tmp_path / "draft"), "--tree-shape", "1,1,1", "--draft-sampling"]
+    sampled = ["--draft", str(tmp_path / "draft"), "--tree-shape", "1,1,1", "--draft-sampling", "without_replacement"]
     code, _, err = run_cli(capsys, *argv, *sampled)
     assert code == 2 and "draft_sampling needs temperature > 0" in err
     code, _, err = run_cli(capsys, *argv, *sampled, "--temperature", "1")
