@@ -42,14 +42,15 @@ def pad_pair(fixture: str, drafts: dict[str, str], pad_script: str, work: str) -
     return big, padded
 
 
-def load_target_and_drafts(target: str, drafts: dict[str, str], pad_script: str | None, work: str):
-    """(target in bf16, its drafts by name, the directory of the target that runs): padded by ``pad_script`` to
-    8B-like cost first when it is given (:func:`pad_pair`)."""
+def load_target_and_drafts(target: str, drafts: dict[str, str], pad_script: str | None, work: str,
+                           dtype=jnp.bfloat16):
+    """(target in ``dtype``, its drafts by name, the directory of the target that runs): padded by ``pad_script``
+    to 8B-like cost first when it is given (:func:`pad_pair`)."""
     from longspec_jax import load_draft, load_target
 
     if pad_script:
         target, drafts = pad_pair(target, drafts, pad_script, work)
-    loaded = load_target(target, dtype=jnp.bfloat16)
+    loaded = load_target(target, dtype=dtype)
     return loaded, {name: load_draft(path, loaded) for name, path in drafts.items()}, target
 
 

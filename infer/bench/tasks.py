@@ -50,6 +50,7 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -199,7 +200,8 @@ def load_inputs(args):
         work = os.path.join(args.work, f"rope_{tag}")
         small_dir, draft_dirs = with_rope_parameters(small_dir, draft_dirs, args.rope_parameters,
                                                      os.path.join(work, "small"))
-    target, drafts, target_dir = load_target_and_drafts(small_dir, draft_dirs, args.pad_script, work)
+    target, drafts, target_dir = load_target_and_drafts(small_dir, draft_dirs, args.pad_script, work,
+                                                        getattr(jnp, args.dtype))
     return target, drafts, gather_samples(args, target.tokenizer), small_dir, target_dir
 
 
@@ -328,6 +330,8 @@ def main(argv=None) -> int:
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--ignore-eos", action="store_true", help="always generate --new-tokens tokens")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                   help="of the target and drafts (float32: tokens per round on a CPU, where bfloat16 is slow)")
     p.add_argument("--reps", type=int, default=3, help="timed calls per measurement (median)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pad-script", help="pad_model.py: run on the target and drafts padded to 8B-like cost")
