@@ -153,7 +153,8 @@ def test_smoke_run(tmp_path):
     assert main(["--out", str(tmp_path), "--smoke", "--reps", "1"]) == 0
     report = json.loads((tmp_path / "bench_tasks.json").read_text())
     methods = {r["method"] for r in report["rows"]}
-    assert methods == {"plain", "tree[a]2,4,4", "chain[a]4", "pld10"}
+    assert methods == {"plain", "auto[a]", "tree[a]2,4,4", "chain[a]4", "pld10"}
+    assert all(r["speculation"]["reason"] for r in report["rows"] if r["method"] == "auto[a]")
     assert {r["batch"] for r in report["rows"]} == {1, 2}
     assert all(r["partings"] == [None] * 2 for r in report["rows"] if r["method"] != "plain")
     peak = {(r["method"], r["batch"]): r["peak_bytes"] for r in report["rows"]}  # per program, not per process
