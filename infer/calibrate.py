@@ -13,6 +13,7 @@ Every round's walk adds, for each depth it visited, which sibling ranks it tried
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -56,22 +57,27 @@ def read_documents(path: str, field: str = "text") -> list[str]:
 def calibrate(target, draft, prompts: list[list[int]], temperatures, kinds=SAMPLING_KINDS[:1], new_tokens: int = 128,
               batch: int = 4, seed: int = 0, progress=None) -> SpeculationProfile:
     """The draft's profile over ``prompts``: beams at T = 0, each sampled ``kind`` at each T > 0."""
-    counts = {}
+    counts, taus = {}, []
     for temperature in temperatures:
         for kind in (["beams"] if temperature == 0 else list(kinds)):
             tried = accepted = 0
+            tokens = passes = 0
             for start in range(0, len(prompts), batch):
                 out = generate(target, prompts[start:start + batch], draft=draft, max_new_tokens=new_tokens,
                                temperature=temperature, tree_shape=PROBE_SHAPE, eos_token_id=[], seed=seed + start,
                                draft_sampling=False if kind == "beams" else kind)
                 tried, accepted = tried + out.rank_tried, accepted + out.rank_accepted
+                tokens += int(out.num_generated.sum())
+                passes += int(out.num_rounds.sum()) + len(out.num_rounds)  # the prefill pass emits one token too
                 if progress:
                     progress(f"{kind} T={temperature:g}: {min(start + batch, len(prompts))}/{len(prompts)} prompts, "
-                             f"tau {out.mean_accepted:.2f}")
+                             f"tau {tokens / passes:.2f}")
             counts[(kind, float(temperature))] = (tried, accepted)
+            taus.append((f"{kind} T={temperature:g}", round(tokens / passes, 3)))
     context = max(len(p) for p in prompts)
-    return profile_from_counts(counts, f"calibrated on {len(prompts)} prompts of {context} tokens, "
-                                       f"{new_tokens} new tokens each")
+    profile = profile_from_counts(counts, f"calibrated on {len(prompts)} prompts of {context} tokens, "
+                                          f"{new_tokens} new tokens each")
+    return dataclasses.replace(profile, probe_tau=tuple(taus))
 
 
 def _floats(text: str) -> list[float]:
@@ -104,6 +110,9 @@ def main(argv=None) -> int:
     p.add_argument("--temperatures", type=_floats, default=[0.0, 1.0], help="comma-separated (default 0,1)")
     p.add_argument("--kinds", type=_kinds, default=list(SAMPLING_KINDS[:1]),
                    help=f"sampled-tree kinds to measure at T > 0 (default {SAMPLING_KINDS[0]})")
+    p.add_argument("--draft-vocab", metavar="FILE|full",
+                   help="propose only from the sorted token ids of this .npy file (a draft vocabulary), or from the "
+                        "full vocabulary despite the draft's own draft_vocab.npy")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="directory for speculation_profile.json (default: the draft directory)")
@@ -114,11 +123,12 @@ def main(argv=None) -> int:
 
     import jax.numpy as jnp
 
-    from longspec_jax import load_draft, load_target
+    from infer.main import load_draft_arg
+    from longspec_jax import load_target
 
     try:
         target = load_target(args.target, dtype=getattr(jnp, args.dtype))
-        draft = load_draft(args.draft, target)
+        draft = load_draft_arg(args.draft, target, args.draft_vocab, prog="infer.calibrate")
         if target.tokenizer is None:
             raise ValueError(f"{args.target} has no tokenizer to read the prompts with")
         docs = [target.tokenizer(text)["input_ids"] for text in read_documents(args.prompts)]

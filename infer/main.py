@@ -197,18 +197,18 @@ def _load(args, path, dtype):
     return target, tokenizer, path
 
 
-def _load_draft(args, path, target):
-    """The draft in ``path``, proposing from ``--draft-vocab`` where given (``full``: the whole vocabulary)."""
+def load_draft_arg(path, target, draft_vocab: str | None, prog: str = "infer.main"):
+    """The draft in ``path``, proposing from ``draft_vocab`` where given: a ``.npy`` of sorted token ids, or
+    ``full`` for the whole vocabulary despite the draft's own ``draft_vocab.npy`` (the ``--draft-vocab`` flag)."""
     from longspec_jax import load_draft
     from longspec_jax.draft_vocab import read_draft_vocab
 
-    if args.draft_vocab == "full":
+    if draft_vocab == "full":
         return load_draft(path, target).with_vocab(target, None)
-    ids = None if args.draft_vocab is None else read_draft_vocab(args.draft_vocab, target.config.vocab_size)
+    ids = None if draft_vocab is None else read_draft_vocab(draft_vocab, target.config.vocab_size)
     draft = load_draft(path, target, draft_vocab=ids)
     if draft.vocab is not None:
-        print(f"[infer.main] draft vocabulary: {draft.vocab.size} of {target.config.vocab_size} tokens",
-              file=sys.stderr)
+        print(f"[{prog}] draft vocabulary: {draft.vocab.size} of {target.config.vocab_size} tokens", file=sys.stderr)
     return draft
 
 
@@ -240,7 +240,7 @@ def main(argv=None) -> int:
     try:
         target_dir, draft_dir = model_dirs(args)
         target, tokenizer, where = _load(args, target_dir, dtype)
-        draft = _load_draft(args, draft_dir, target) if draft_dir else None
+        draft = load_draft_arg(draft_dir, target, args.draft_vocab) if draft_dir else None
         ids = list(tokenizer.encode(prompt))
         if not ids:
             raise ValueError("the prompt is empty (it encodes to 0 tokens)")

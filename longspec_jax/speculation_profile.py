@@ -61,10 +61,12 @@ class RateTable:
 
 @dataclasses.dataclass(frozen=True)
 class SpeculationProfile:
-    """A draft's rate tables, with where they came from (``source``: a few words)."""
+    """A draft's rate tables, with where they came from (``source``: a few words) and, from a calibration, the
+    tokens per target pass its probe tree gave (``probe_tau``: ``("beams T=0", 5.8), ...``)."""
 
     tables: tuple[RateTable, ...]
     source: str
+    probe_tau: tuple[tuple[str, float], ...] = ()
 
     def table(self, kind: str, temperature: float) -> RateTable:
         """The rates of ``kind`` at ``temperature``: linear between the two nearest stored temperatures of that
@@ -89,7 +91,8 @@ class SpeculationProfile:
         return RateTable(kind, temperature, rates)
 
     def to_json(self) -> dict:
-        return {"source": self.source, "tables": [dataclasses.asdict(t) for t in self.tables]}
+        return {"source": self.source, "probe_tau": dict(self.probe_tau),
+                "tables": [dataclasses.asdict(t) for t in self.tables]}
 
     @classmethod
     def from_json(cls, data: dict, where: str = "speculation profile") -> "SpeculationProfile":
@@ -98,6 +101,7 @@ class SpeculationProfile:
                                      tuple(tuple(float(x) for x in row) for row in t["rates"]))
                            for t in data["tables"])
             source = str(data.get("source", where))
+            probe_tau = tuple((str(k), float(v)) for k, v in data.get("probe_tau", {}).items())
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{where}: malformed ({type(e).__name__}: {e})") from None
         for t in tables:
@@ -105,7 +109,7 @@ class SpeculationProfile:
                 raise ValueError(f"{where}: unknown tree kind {t.kind!r}; expected one of {', '.join(TREE_KINDS)}")
             if not t.rates or any(not row or not all(0.0 <= x <= 1.0 for x in row) for row in t.rates):
                 raise ValueError(f"{where}: {t.kind} rates at T={t.temperature} must be non-empty rows in [0, 1]")
-        return cls(tables, source)
+        return cls(tables, source, probe_tau)
 
 
 DEFAULT_PROFILE = SpeculationProfile(

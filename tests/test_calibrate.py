@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -35,8 +37,12 @@ def test_cli_stores_a_profile_that_load_draft_reads_and_generate_uses(pair_dirs,
     assert main(["--target", str(target_dir), "--draft", str(draft_dir), "--prompts", str(prompts), "--context", "48",
                  "--num-prompts", "2", "--new-tokens", "12", "--batch", "2", "--temperatures", "0,1",
                  "--dtype", "float32", "--out", str(out)]) == 0
-    assert "wrote" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "wrote" in err
     profile = load_profile(out)
+    last_tau = {line.split(":")[0]: float(line.split(", tau ")[1]) for line in err.splitlines() if ", tau " in line}
+    assert dict(profile.probe_tau) == pytest.approx(last_tau, abs=1e-3)
+    assert list(last_tau) == ["beams T=0", "without_replacement T=1"] and min(last_tau.values()) >= 1.0
     kinds = {(t.kind, t.temperature) for t in profile.tables}
     assert kinds == {("beams", 0.0), ("without_replacement", 1.0)}
     assert all(len(t.rates) == 6 and all(0 <= x <= 1 for row in t.rates for x in row) for t in profile.tables)
@@ -50,6 +56,26 @@ def test_cli_stores_a_profile_that_load_draft_reads_and_generate_uses(pair_dirs,
         assert profile.source in result.speculation.reason
     finally:
         (draft_dir / PROFILE_FILE).unlink()
+
+
+def test_cli_calibrates_with_a_draft_vocabulary(pair_dirs, tmp_path, capsys):
+    """``--draft-vocab FILE`` runs the draft on that vocabulary (said on stderr, with the running tau per kind);
+    an unsorted file is refused by name."""
+    target_dir, draft_dir, prompts = pair_dirs
+    vocab = tmp_path / "vocab.npy"
+    np.save(vocab, np.arange(0, 128, 2, dtype=np.int32))
+    base = ["--target", str(target_dir), "--draft", str(draft_dir), "--prompts", str(prompts), "--context", "48",
+            "--num-prompts", "2", "--new-tokens", "12", "--batch", "1", "--temperatures", "0", "--dtype", "float32",
+            "--out", str(tmp_path / "profile")]
+    assert main(base + ["--draft-vocab", str(vocab)]) == 0
+    err = capsys.readouterr().err
+    assert "draft vocabulary: 64 of" in err
+    assert [line.split(", tau ")[0] for line in err.splitlines() if ", tau " in line] == [
+        "beams T=0: 1/2 prompts", "beams T=0: 2/2 prompts"]
+    np.save(vocab, np.asarray([4, 2], np.int32))
+    with pytest.raises(SystemExit):
+        main(base + ["--draft-vocab", str(vocab)])
+    assert "sorted" in capsys.readouterr().err
 
 
 def test_bad_inputs_are_named(pair_dirs, tmp_path, capsys):
