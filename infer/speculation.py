@@ -19,7 +19,6 @@ import dataclasses
 import jax
 
 from longspec_jax.config import TargetConfig
-from longspec_jax.sampling import SamplingConfig
 from longspec_jax.speculation_profile import (DEFAULT_PROFILE, MAX_CHILDREN, RateTable, SpeculationProfile,
                                               allocate_branching, best_shape, expected_tokens)
 from longspec_jax.tree import SAMPLING_KINDS
@@ -203,17 +202,3 @@ def choose(config: TargetConfig, profile: SpeculationProfile | None, sampling, b
         return Speculation(None, None, f"auto: no tree predicted {MIN_SPEEDUP}x plain at {where}; {source}",
                            expected_tokens=1.0, predicted_speedup=1.0)
     return Speculation(shape, kind, f"auto: {where}; {source}", branching if kind else None, tokens, speedup)
-
-
-def speculation_table(config: TargetConfig, profile: SpeculationProfile | None, temperatures, batches,
-                      context: int, device: DeviceModel | None = None) -> list[dict]:
-    """``choose`` over temperatures x batches, as rows for a table: what auto does for one pair of models."""
-    rows = []
-    for t in temperatures:
-        for b in batches:
-            s = choose(config, profile, SamplingConfig(temperature=t), b, context, device=device)
-            rows.append({"temperature": t, "batch": b, "tree_shape": s.tree_shape, "draft_sampling": s.draft_sampling,
-                         "expected_tokens": None if s.expected_tokens is None else round(s.expected_tokens, 3),
-                         "predicted_speedup": None if s.predicted_speedup is None else round(s.predicted_speedup, 3)})
-    return rows
-

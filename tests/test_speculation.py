@@ -3,14 +3,20 @@ loop keeps, the cost model's choice per temperature and batch, and auto end to e
 
 from __future__ import annotations
 
+import glob
 import itertools
+import json
+import os
+import re
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from infer import generate
-from infer.speculation import DEVICE_MODELS, ModelSizes, choose, round_seconds, sampling_kind, speculation_table
+from infer.choice import main, speculation_table
+from infer.main import DEFAULT_MODEL
+from infer.speculation import DEVICE_MODELS, ModelSizes, choose, plain_step_seconds, round_seconds, sampling_kind
 from longspec_jax.config import TargetConfig
 from longspec_jax.sampling import SamplingConfig
 from longspec_jax.speculation_profile import (DEFAULT_PROFILE, RateTable, SpeculationProfile, allocate_branching,
@@ -128,6 +134,33 @@ def test_round_cost_grows_with_nodes_and_batch():
     assert round_seconds(sizes, device, (1, 1, 1, 1), 1, 16384) < small
 
 
+def _measured_pass_costs() -> list[tuple[str, tuple[int, ...], int, float]]:
+    """(method, shape, batch, target passes in plain steps) of every chain and tree row of the kept H200 tasks
+    reports (the 8B-cost pair at 16k): tau x (1 - idle row share) / speedup, rows without an idle share left out."""
+    rows = []
+    for path in sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "docs", "results", "tasks_16k_*.json"))):
+        report = json.load(open(path))
+        assert "H200" in report["device"], path
+        for row in report["rows"]:
+            method = re.fullmatch(r"s?(chain|tree)\[\w+\]([\d,]+)", row["method"])
+            if method and row.get("idle_row_share") is not None:
+                shape = ((1,) * int(method[2]) if method[1] == "chain" else tuple(map(int, method[2].split(","))))
+                cost = row["tau"] * (1 - row["idle_row_share"]) / row["speedup"]
+                rows.append((row["method"], shape, row["batch"], cost))
+    return rows
+
+
+def test_the_h200_cost_model_predicts_the_measured_rounds():
+    """Chains, (4,8,8) and the 69-node tree at batches 1-8: the model's round, in plain steps, is within 20% of
+    the measured one (-8% .. +17% over the 16 rows), so its choice between them rests on the device's costs."""
+    sizes, device = ModelSizes.of(PADDED), DEVICE_MODELS["H200"]
+    measured = _measured_pass_costs()
+    assert len(measured) >= 12 and {len(shape) for _, shape, _, _ in measured} >= {3, 4, 5}
+    for method, shape, batch, cost in measured:
+        predicted = round_seconds(sizes, device, shape, batch, 16384) / plain_step_seconds(sizes, device, batch, 16384)
+        assert abs(predicted / cost - 1) < 0.2, (method, batch, predicted, cost)
+
+
 def test_a_draft_vocabulary_shrinks_the_draft_head_and_caps_children():
     """The cost model reads K columns of the LM head per draft step, and no sampled node gets more than K
     children."""
@@ -162,6 +195,23 @@ def test_auto_choice_per_temperature_and_batch():
         for r in speculation_table(PADDED, None, [0.0, 1.0], batches, context, DEVICE_MODELS["H200"]):
             got[r["temperature"], r["batch"], context] = (r["tree_shape"], r["draft_sampling"])
     assert got == AUTO_TABLE
+
+
+def test_cli_prints_the_choice_table_of_a_pair(capsys, tmp_path):
+    """``python -m infer.choice`` reads the target's config and the draft's profile (no weights) and prints
+    one row per (T, batch): the shapes ``speculation_table`` gives; a missing draft directory is named."""
+    target_dir, draft_dir = DEFAULT_MODEL / "target", DEFAULT_MODEL / "draft"
+    assert main(["--target", str(target_dir), "--draft", str(draft_dir), "--context", "4096", "--batches", "1,8",
+                 "--temperatures", "0,1"]) == 0
+    out = capsys.readouterr().out
+    assert load_profile(str(draft_dir)).source in out.splitlines()[0]
+    rows = speculation_table(TargetConfig.from_dir(target_dir), load_profile(str(draft_dir)), [0.0, 1.0], [1, 8], 4096,
+                             DEVICE_MODELS["H200"])
+    printed = [line.split(" | ")[2] for line in out.splitlines() if re.match(r"\| [01] \| \d", line)]
+    assert printed == [",".join(map(str, r["tree_shape"])) if r["tree_shape"] else "plain" for r in rows]
+    with pytest.raises(SystemExit):
+        main(["--target", str(target_dir), "--draft", str(tmp_path / "none")])
+    assert "draft directory not found" in capsys.readouterr().err
 
 
 def test_fixed_parts_are_kept_and_plain_needs_a_free_choice():
