@@ -1,6 +1,6 @@
 """Training data: the row layouts (packed text, cut and padded text, prompt/answer with prompt masking), EOS
 handling, the three file types, the tokenised-data cache, the deterministic, resumable order, and a run's draft
-vocabulary."""
+vocabulary, and ``python -m train.vocab`` over text files."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from longspec_jax.errors import ConfigError
-from tests.train_helpers import build_tokenizer, corpus_lines, write_jsonl
+from longspec_jax.draft_vocab import token_counts
+from tests.train_helpers import build_target_dir, build_tokenizer, corpus_lines, write_jsonl
 from train.config import DataSection
 from train.data import BatchOrder, Batches, build_rows
+from train.vocab import main as vocab_main
 from train.vocab import write_run_vocab
 
 EOS, PAD = 1, 3
@@ -156,3 +158,26 @@ def test_a_runs_draft_vocabulary_is_its_most_frequent_predicted_tokens(tokenizer
     assert not np.isin(_ids(tokenizer, "zzzz"), ids).any() and EOS not in ids
     with pytest.raises(ConfigError, match=f"draft.vocab_size 999 exceeds the target's vocabulary of {len(tokenizer)}"):
         write_run_vocab(rows, 999, len(tokenizer), str(tmp_path / "run"))
+
+
+def test_vocab_cli_writes_the_most_frequent_tokens_of_text_files(tmp_path, capsys):
+    """Into a draft directory (``draft_vocab.npy``) or a ``.npy`` path; a bad size or a missing file is named."""
+    from transformers import AutoTokenizer
+
+    target_dir = build_target_dir(tmp_path / "target")
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    docs = corpus_lines(12, seed=0)
+    path = write_jsonl(tmp_path / "d.jsonl", docs)
+    counts = token_counts([_ids(tokenizer, d) for d in docs], len(tokenizer))
+    base = ["--target", str(target_dir), "--data", str(path), "--size", "7"]
+    assert vocab_main(base + ["--out", str(tmp_path / "draft")]) == 0
+    assert f"7 of {len(tokenizer)} tokens" in capsys.readouterr().err
+    ids = np.load(tmp_path / "draft" / "draft_vocab.npy")
+    assert ids.size == 7 and (np.diff(ids) > 0).all() and counts[ids].min() >= np.delete(counts, ids).max()
+    assert vocab_main(base + ["--out", str(tmp_path / "k7.npy")]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "k7.npy"), ids)
+    for args, words in ((["--size", "0"], "--size must be in"), (["--data", str(tmp_path / "none.jsonl")],
+                                                                 "does not exist")):
+        with pytest.raises(SystemExit):
+            vocab_main(base + args + ["--out", str(tmp_path / "x")])
+        assert words in capsys.readouterr().err

@@ -78,7 +78,7 @@ def build_rows(files: list[str], data: DataSection, tokenizer, eos_id: int, pad_
                *, desc: str = "data") -> TokenRows:
     """Reads, tokenises and lays out ``files`` as rows (``datasets`` caches every stage under ``cache_dir``)."""
     fields = [data.text_field] if data.format == "text" else [data.prompt_field, data.answer_field]
-    raw = _load(files, fields, cache_dir)
+    raw = load_fields(files, fields, cache_dir)
     tokenize = _tokenize_text if data.format == "text" else _tokenize_prompt_answer
     tok_key = _fingerprint(files, tokenizer, data, ("format", "text_field", "prompt_field", "answer_field",
                                                     "append_eos") + (("seq_len",) if data.format != "text" else ()),
@@ -104,7 +104,8 @@ def build_rows(files: list[str], data: DataSection, tokenizer, eos_id: int, pad_
     return TokenRows(rows.with_format("numpy"))
 
 
-def _load(files: list[str], fields: list[str], cache_dir: str):
+def load_fields(files: list[str], fields: list[str], cache_dir: str | None):
+    """The ``fields`` columns of the rows of ``files`` (jsonl, json, parquet, txt), one dataset."""
     import datasets
 
     parts = []
