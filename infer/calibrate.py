@@ -71,7 +71,7 @@ def calibrate(target, draft, prompts: list[list[int]], temperatures, kinds=SAMPL
                 passes += int(out.num_rounds.sum()) + len(out.num_rounds)  # the prefill pass emits one token too
                 if progress:
                     progress(f"{kind} T={temperature:g}: {min(start + batch, len(prompts))}/{len(prompts)} prompts, "
-                             f"tau {tokens / passes:.2f}")
+                             f"tau {tokens / passes:.3f}")
             counts[(kind, float(temperature))] = (tried, accepted)
             taus.append((f"{kind} T={temperature:g}", round(tokens / passes, 3)))
     context = max(len(p) for p in prompts)

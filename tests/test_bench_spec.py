@@ -70,6 +70,7 @@ def test_compile_mode_reaches_every_loop(tmp_path, monkeypatch, compile_mode, ba
     assert not any("reproducible_option" in v for k, v in errors.items() if compile_mode == "autotuned")
 
 
+@pytest.mark.slow
 def test_verify_node_multiple_reaches_the_round(tmp_path, monkeypatch):
     """``--verify-node-multiple 1`` verifies the default tree's 69 nodes as they are (the default pads them to 72),
     and the output stays lossless."""

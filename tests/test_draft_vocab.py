@@ -111,6 +111,7 @@ def test_greedy_output_is_plain_decoding_where_the_target_emits_tokens_outside_t
     assert out.mean_accepted > 1.3 and out.accept_counts[:, -1].sum() > 0
 
 
+@pytest.mark.slow
 def test_a_vocabulary_of_every_id_reproduces_the_full_vocabulary_draws():
     """T > 0, same seed, a tree sampled from the draft: the same tokens, rounds and acceptance as the draft
     without a vocabulary."""

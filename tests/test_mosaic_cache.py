@@ -109,7 +109,7 @@ CASES = {
 # executions, and on a 2-core machine a fourth one never starts while the others wait at a barrier.
 # The default suite keeps the cheaper cases of each schedule (one warpgroup, ping-pong, a free idle warpgroup);
 # the interpreter takes about a minute for each of the others, which run with -m slow.
-DEFAULT_SUITE = ("wg1-splits3", "pingpong-idle-wg-refills", "free-idle-wg-refills")
+DEFAULT_SUITE = ("wg1-splits3",)
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in DEFAULT_SUITE else pytest.mark.slow)

@@ -202,6 +202,7 @@ def test_padding_nodes_see_only_themselves():
                                              "xla"), verify_node_multiple=0)
 
 
+@pytest.mark.slow
 def test_verification_of_a_padded_tree_is_the_same_pass(greedy_case, monkeypatch):
     """``verify_node_multiple`` (by default 8) pads the verified tree (10 nodes to 16 here): the real nodes' logits
     and K/V equal the unpadded pass's, and the output stays plain greedy."""

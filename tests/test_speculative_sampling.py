@@ -275,7 +275,7 @@ def _stoppable(case: Case) -> np.ndarray:
     return np.asarray([d for d, counts in enumerate(spec.branching) if min(counts) < VOCAB])
 
 
-CASES = [pytest.param(TREE, id="tree-T1-top_p0.925"),
+CASES = [pytest.param(TREE, id="tree-T1-top_p0.925", marks=pytest.mark.slow),
          pytest.param(SAMPLED_BINARY, id="sampled-2,2,2-T1-top_p0.925"),
          pytest.param(SAMPLED_69, id="sampled-69-T1-top_p0.925", marks=pytest.mark.slow),
          pytest.param(SAMPLED_CHAIN, id="sampled-chain-T1-top_p0.925", marks=pytest.mark.slow),

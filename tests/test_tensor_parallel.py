@@ -61,6 +61,7 @@ def test_tp_count_must_divide_the_kv_heads(tmp_path):
         make_mesh(2)
 
 
+@pytest.mark.slow
 def test_sharded_generate_and_loading_on_8_devices(tmp_path):
     """Mesh 4x2 (model x data): logits and plain greedy tokens equal one device's; load_target(mesh=) equals
     loading then sharding, with host memory near one tensor; a batch the data axis does not split and TP 3 with
