@@ -33,7 +33,6 @@ def speculation_table(config: TargetConfig, profile: SpeculationProfile | None, 
     return rows
 
 
-
 def _table_markdown(rows: list[dict]) -> str:
     lines = ["| T | batch | tree_shape | draft_sampling | tokens per round | predicted speedup |",
              "|---|---|---|---|---|---|"]

@@ -27,6 +27,7 @@ SAMPLED = SAMPLING_KINDS[0]             # the kind auto samples trees with
 NODE_BUDGETS = (8, 16, 24, 32, 48, 64)  # verified nodes (root included) auto considers; verification pads to 8
 MAX_DEPTH = 10
 MIN_SPEEDUP = 1.05                      # below this predicted speedup, plain decoding
+FLAT = 0.01                             # shapes predicted within 1% of the best are alike: the smallest wins
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +197,9 @@ def choose(config: TargetConfig, profile: SpeculationProfile | None, sampling, b
         return Speculation(tuple(tree_shape), kind, f"tree_shape given; {source}",
                            branching if kind else None, tokens, speedup)
     scored = [(predicted(s), s) for s in candidate_shapes(table, max_children)]
-    (tokens, speedup, branching), shape = max(scored, key=lambda x: (round(x[0][1], 6), -sum(x[1])))
+    best = max(p[1] for p, _ in scored)
+    (tokens, speedup, branching), shape = min(((p, s) for p, s in scored if p[1] >= best * (1 - FLAT)),
+                                              key=lambda x: (sum(x[1]), len(x[1]), -x[0][1]))
     where = f"T={sampling.temperature:g}, batch {batch}, context {context}"
     if speedup < MIN_SPEEDUP and draft_sampling is None:
         return Speculation(None, None, f"auto: no tree predicted {MIN_SPEEDUP}x plain at {where}; {source}",

@@ -16,7 +16,8 @@ import pytest
 from infer import generate
 from infer.choice import main, speculation_table
 from infer.main import DEFAULT_MODEL
-from infer.speculation import DEVICE_MODELS, ModelSizes, choose, plain_step_seconds, round_seconds, sampling_kind
+from infer.speculation import (DEVICE_MODELS, FLAT, MAX_CHILDREN, ModelSizes, candidate_shapes, choose,
+                               plain_step_seconds, round_seconds, sampling_kind)
 from longspec_jax.config import TargetConfig
 from longspec_jax.sampling import SamplingConfig
 from longspec_jax.speculation_profile import (DEFAULT_PROFILE, RateTable, SpeculationProfile, allocate_branching,
@@ -176,17 +177,35 @@ def test_a_draft_vocabulary_shrinks_the_draft_head_and_caps_children():
 # tokens of context, and at 512 with a batch of 256, where verification would be bound by its GEMMs and plain
 # decoding wins.
 AUTO_TABLE = {
-    (0.0, 1, 12288): ((2, 3, 4, 5, 6, 7, 8, 9, 3), None),
-    (0.0, 2, 12288): ((2, 3, 4, 1, 1, 1, 1, 1, 1), None),
-    (0.0, 8, 12288): ((2, 3, 4, 1, 1, 1, 1, 1, 1), None),
+    (0.0, 1, 12288): ((2, 3, 4, 5, 6, 7, 2, 1, 1), None),
+    (0.0, 2, 12288): ((2, 3, 4, 2, 1, 1, 1, 1), None),
+    (0.0, 8, 12288): ((2, 3, 4, 2, 1, 1, 1, 1), None),
     (0.0, 16, 12288): ((1, 1, 1, 1, 1, 1, 1), None),
     (1.0, 1, 12288): ((4, 7, 7, 5), "without_replacement"),
-    (1.0, 2, 12288): ((4, 5, 4, 2), "without_replacement"),
+    (1.0, 2, 12288): ((4, 7, 4), "without_replacement"),
     (1.0, 8, 12288): ((4, 5, 4, 2), "without_replacement"),
-    (1.0, 16, 12288): ((2, 3, 1, 1), "without_replacement"),
+    (1.0, 16, 12288): ((3, 3, 1), "without_replacement"),
     (0.0, 256, 512): (None, None),
     (1.0, 256, 512): (None, None),
 }
+
+
+@pytest.mark.parametrize("temperature, batch", [(0.0, 1), (0.0, 8), (1.0, 1), (1.0, 2), (1.0, 16)])
+def test_auto_takes_the_smallest_of_the_shapes_predicted_alike(temperature, batch):
+    """Auto's shape is predicted within FLAT of the fastest candidate, and no candidate in that band has fewer
+    nodes, or as many nodes in fewer levels."""
+    sampling = SamplingConfig(temperature)
+    device = DEVICE_MODELS["H200"]
+    kind = "without_replacement" if temperature else "beams"
+    table = DEFAULT_PROFILE.table(kind, temperature)
+    speedups = {s: choose(PADDED, None, sampling, batch, 12288, tree_shape=s, device=device).predicted_speedup
+                for s in candidate_shapes(table, MAX_CHILDREN)}
+    best = max(speedups.values())
+    chosen = choose(PADDED, None, sampling, batch, 12288, device=device).tree_shape
+    assert speedups[chosen] >= best * (1 - FLAT)
+    alike = [s for s, v in speedups.items() if v >= best * (1 - FLAT)]
+    assert min((sum(s), len(s)) for s in alike) == (sum(chosen), len(chosen))
+    assert len(alike) > 1 or chosen == max(speedups, key=speedups.get)
 
 
 def test_auto_choice_per_temperature_and_batch():
