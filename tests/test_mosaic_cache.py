@@ -107,8 +107,8 @@ CASES = {
 }
 # Three compute warpgroups run on the GPU only: the interpreter runs a block's warpgroups as concurrent XLA
 # executions, and on a 2-core machine a fourth one never starts while the others wait at a barrier.
-# The default suite keeps the cheaper cases of each schedule (one warpgroup, ping-pong, a free idle warpgroup);
-# the interpreter takes about a minute for each of the others, which run with -m slow.
+# The default suite keeps the cheapest case (one warpgroup, three splits); the interpreter takes 10 s to a minute
+# for each of the others (ping-pong and idle-warpgroup schedules among them), which run with -m slow.
 DEFAULT_SUITE = ("wg1-splits3",)
 
 

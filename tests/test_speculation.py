@@ -173,9 +173,9 @@ def test_a_draft_vocabulary_shrinks_the_draft_head_and_caps_children():
     assert max(max(counts) for counts in s.branching) <= 3
 
 
-# What auto does for the 8B-cost pair on an H200 with the default rates (docs/results.md, "How auto chooses"): at 12k
-# tokens of context, and at 512 with a batch of 256, where verification would be bound by its GEMMs and plain
-# decoding wins.
+# What auto does for the 8B-cost pair on an H200 with the default rates (docs/results.md, "Choosing the
+# speculation"): at 12k tokens of context, and at 512 with a batch of 256, where verification would be bound by its
+# GEMMs and plain decoding wins.
 AUTO_TABLE = {
     (0.0, 1, 12288): ((2, 3, 4, 5, 6, 7, 2, 1, 1), None),
     (0.0, 2, 12288): ((2, 3, 4, 2, 1, 1, 1, 1), None),
