@@ -14,6 +14,7 @@ COMMANDS = {
     "repro": "the same greedy generate() in several fresh processes: equal tokens? and the speed cost of the fix",
     "tasks": "long-context tasks: plain, LongSpec trees, chains, prompt lookup, HF; by bucket, T and batch",
     "shard": "tensor parallel: plain and speculative tokens/s on N devices vs one, the longest context that fits",
+    "serve": "the OpenAI-compatible server under load, with the draft and without: TTFT, TPOT, ITL, throughput",
 }
 MOVED = {"attention": "python -m tools.attention", "profile": "python -m tools.profile"}  # run from a checkout
 
