@@ -1,0 +1,152 @@
+"""An OpenAI-compatible HTTP server over the continuous-batching engine:
+``python -m infer.serve --port 8000`` serves ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``,
+``/health`` and ``/metrics``.
+
+Without ``--target``, the embedded default model runs with its LongSpec draft, as ``python -m infer.main`` does
+(``--no-draft`` for plain decoding, ``--draft DIR`` for another draft); a target without a tokenizer takes UTF-8
+bytes as token ids. Once the engine is compiled and the socket listens, a ready line with the URL goes to stderr
+(``--port 0`` picks a free port and names it there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import os
+import socket
+import sys
+from pathlib import Path
+
+from infer.main import (DTYPES, ByteTokenizer, _checked, _load, _positive_int, load_draft_arg, model_dirs)
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+_port = _checked(int, "a port number", lambda v: 0 <= v < 65536, "in [0, 65535] (0: a free port)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m infer.serve", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--target", metavar="DIR",
+                        help="HF Llama/Qwen2 directory (config.json + *.safetensors [+ tokenizer]); default: the "
+                             "embedded default model, with its draft")
+    parser.add_argument("--tiny-random", action="store_true",
+                        help="serve a tiny random Llama built in memory (byte tokenizer) instead of --target")
+    parser.add_argument("--draft", metavar="DIR",
+                        help="LongSpec draft (speculative decoding); default: the embedded default model's draft "
+                             "when --target is not given")
+    parser.add_argument("--no-draft", action="store_true", help="plain decoding with the default model")
+    parser.add_argument("--draft-vocab", metavar="FILE|full",
+                        help="with a draft: propose only from the sorted token ids of this .npy file, or from the "
+                             "full vocabulary despite the draft's own draft_vocab.npy")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=_port, default=8000, help="0: a free port, named in the ready line")
+    parser.add_argument("--max-batch", type=_positive_int, default=4, metavar="N",
+                        help="requests decoded together (the engine's slots)")
+    parser.add_argument("--max-context", type=_positive_int, default=4096, metavar="L",
+                        help="tokens per request, prompt and output together")
+    parser.add_argument("--max-queue", type=_positive_int, default=64, metavar="Q",
+                        help="requests waiting for a slot at most; more are answered 429")
+    parser.add_argument("--prefill-chunk", type=_positive_int, default=512, metavar="C",
+                        help="prompt tokens prefilled per engine step")
+    parser.add_argument("--dtype", choices=DTYPES, default="bfloat16")
+    parser.add_argument("--seed", type=int, default=0, metavar="S",
+                        help="the engine's seed (requests without a seed draw from it)")
+    parser.add_argument("--served-model-name", metavar="NAME",
+                        help="the model's name in the API (default: the target directory's name)")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="uvicorn's log level")
+    return parser
+
+
+def _check_args(args, parser) -> None:
+    if args.no_draft and args.draft is not None:
+        parser.error("give either --draft or --no-draft, not both")
+    if args.tiny_random and args.target is not None:
+        parser.error("give either --target or --tiny-random, not both")
+    for flag, path in (("--target", args.target), ("--draft", args.draft)):
+        if path is not None and not os.path.exists(path):
+            parser.error(f"{flag} {path}: no such file or directory")
+    has_draft = args.draft is not None or not (args.no_draft or args.target or args.tiny_random)
+    if args.draft_vocab is not None and not has_draft:
+        parser.error("--draft-vocab needs a draft (the draft proposes from it)")
+
+
+def load_served(args):
+    """Loads the models and starts the engine (compiling it); returns the app's :class:`Served` and a summary."""
+    import jax.numpy as jnp
+
+    from infer.engine import Engine, EngineConfig
+    from infer.serve_app import Served
+
+    dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}[args.dtype]
+    target_dir, draft_dir = model_dirs(args)
+    target, tokenizer, where = _load(args, target_dir, dtype)
+    draft = load_draft_arg(draft_dir, target, args.draft_vocab, prog="infer.serve") if draft_dir else None
+    name = args.served_model_name or ("tiny-random" if target_dir is None else
+                                      "longspec-default" if args.target is None else Path(target_dir).name)
+    config = EngineConfig(max_batch=args.max_batch, max_context=args.max_context, max_queue=args.max_queue,
+                          prefill_chunk=args.prefill_chunk)
+    engine = Engine(target, draft, config, seed=args.seed)
+    engine.start()
+    decode = (tokenizer.decode if isinstance(tokenizer, ByteTokenizer)
+              else functools.partial(tokenizer.decode, skip_special_tokens=True))
+    served = Served(engine=engine, tokenizer=tokenizer, decode=decode, model_name=name,
+                    max_context=args.max_context, vocab_size=target.config.vocab_size)
+    summary = (f"model {name} ({where}, {args.dtype}), max-batch {args.max_batch}, max-context {args.max_context}, "
+               f"draft {draft_dir or 'none'}")
+    return served, summary
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family)
+
+
+def run_server(app, sock: socket.socket, summary: str, log_level: str) -> None:
+    """Serves ``app`` on the listening ``sock`` until SIGINT / SIGTERM, printing the ready line once it accepts."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5))
+    host, port = sock.getsockname()[:2]
+    url = f"http://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"http://{host}:{port}"
+
+    async def main():
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        while not (server.started or serving.done()):
+            await asyncio.sleep(0.02)
+        if server.started:
+            print(f"[infer.serve] ready: {url} ({summary})", file=sys.stderr, flush=True)
+        await serving
+
+    asyncio.run(main())
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_args(args, parser)
+    try:
+        sock = _listen(args.host, args.port)
+    except OSError as e:
+        print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 2
+    try:
+        served, summary = load_served(args)
+    except (ValueError, OSError) as e:  # LongSpecError is a ValueError: bad model dir, weights, limits, ...
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    import prometheus_client
+
+    from infer.serve_app import build_app
+
+    prometheus_client.disable_created_metrics()  # no *_created series beside each counter and histogram
+    try:
+        run_server(build_app(served), sock, summary, args.log_level)
+    finally:
+        served.engine.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
