@@ -169,16 +169,18 @@ def test_distribution_and_summary():
 
 
 def test_counters_and_tau():
-    text = (f"# TYPE {COUNTERS['generation_tokens'].removesuffix('_total')} counter\n"
+    name = lambda key: COUNTERS[key].removesuffix("_total")
+    text = (f"# TYPE {name('generation_tokens')} counter\n"
             f'{COUNTERS["generation_tokens"]}{{slot="0"}} 30\n{COUNTERS["generation_tokens"]}{{slot="1"}} 10\n'
-            f"# TYPE {COUNTERS['spec_rounds'].removesuffix('_total')} counter\n{COUNTERS['spec_rounds']} 6\n"
+            f"# TYPE {name('accepted_tokens')} counter\n{COUNTERS['accepted_tokens']} 27\n"
             "# TYPE other gauge\nother 2\n")
     after = parse_metrics(text)
     assert after[COUNTERS["generation_tokens"]] == 40 and after["other"] == 2  # summed over label sets
-    deltas = counter_deltas({COUNTERS["generation_tokens"]: 4.0}, after)
-    assert deltas == dict(generation_tokens=36.0, spec_rounds=6.0)
-    assert tau(deltas, requests=3) == 4.0  # 36 tokens over 6 rounds + 3 prefills
-    assert tau(dict(generation_tokens=36.0, spec_rounds=0.0), 3) is None and tau({}, 3) is None
+    deltas = counter_deltas({COUNTERS["generation_tokens"]: 4.0, COUNTERS["accepted_tokens"]: 3.0}, after)
+    assert deltas == dict(generation_tokens=36.0, accepted_tokens=24.0)
+    assert tau(deltas) == 3.0  # 36 tokens in 36 - 24 passes
+    assert tau(dict(generation_tokens=36.0, accepted_tokens=0.0)) == 1.0  # no draft
+    assert tau(dict(generation_tokens=36.0)) is None and tau(dict(generation_tokens=0.0, accepted_tokens=0.0)) is None
 
 
 def test_only_loopback_urls():

@@ -23,11 +23,10 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-# The server's counters (Prometheus sample names) that the report reads.
-COUNTERS = dict(generation_tokens="longspec:generation_tokens_total",
-                spec_rounds="longspec:spec_decode_num_drafts_total",
-                drafted_tokens="longspec:spec_decode_num_draft_tokens_total",
-                accepted_tokens="longspec:spec_decode_num_accepted_tokens_total")
+from infer import serve_metrics
+
+# The server's counters, by their engine-stats field: the sample names of /metrics (counters end in _total).
+COUNTERS = {field: f"{name}_total" for name, _, field in serve_metrics.COUNTERS}
 PERCENTILES = (50, 99)
 STATS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
 
@@ -165,12 +164,14 @@ def counter_deltas(before: dict, after: dict) -> dict[str, float]:
     return {key: after[name] - before.get(name, 0.0) for key, name in COUNTERS.items() if name in after}
 
 
-def tau(deltas: dict, requests: int) -> float | None:
-    """Generated tokens per target pass: tokens / (speculative rounds + one prefill pass per request), as
-    ``generate`` counts it; None without speculative rounds (a server without a draft)."""
-    if not deltas.get("spec_rounds") or "generation_tokens" not in deltas:
+def tau(deltas: dict) -> float | None:
+    """Generated tokens per target pass, as ``generate`` counts it: each pass of a request (its prefill, a
+    speculative round or a plain step) emits one token of its own beyond the accepted draft tokens, so the passes
+    are the generated tokens less the accepted ones (1.0 without a draft); None where the counters are missing."""
+    generated, accepted = deltas.get("generation_tokens"), deltas.get("accepted_tokens")
+    if not generated or accepted is None:
         return None
-    return deltas["generation_tokens"] / (deltas["spec_rounds"] + requests)
+    return generated / (generated - accepted)
 
 
 # ------------------------------------------------------------------------------------------------ statistics
@@ -244,7 +245,7 @@ async def run_level(client: httpx.AsyncClient, level: Level, bodies: list[dict],
     summary = summarize(records, max(ends, default=0.0))
     deltas = counter_deltas(before, after)
     drafted = deltas.get("drafted_tokens")
-    return dict(kind=level.kind, value=level.value, **summary, tau=tau(deltas, summary["completed"]),
+    return dict(kind=level.kind, value=level.value, **summary, tau=tau(deltas),
                 acceptance=deltas.get("accepted_tokens", 0.0) / drafted if drafted else None,
                 counters=deltas, deadline_s=deadline_s, timed_out=bool(late),
                 records=[r.as_dict() for r in records])
