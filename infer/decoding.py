@@ -11,7 +11,7 @@ from flax import struct
 
 from longspec_jax.config import TargetConfig
 from longspec_jax.kv_cache import init_cache
-from longspec_jax.sampling import SamplingConfig, select_tokens
+from longspec_jax.sampling import SamplingConfig, select_tokens, split
 from longspec_jax.target import prefill
 from pallas.sizes import next_pow2
 
@@ -31,10 +31,10 @@ class DecodeSettings:
 
 @struct.dataclass
 class StopCriteria:
-    """Traced stopping rules, so changing them does not recompile."""
+    """Traced stopping rules, so changing them does not recompile: the same for every row, or per row."""
 
-    max_new: jax.Array   # int32 scalar: most tokens per sequence
-    eos_ids: jax.Array   # int32 [E]; -1 entries never match
+    max_new: jax.Array   # int32 scalar, or [B]: most tokens per sequence
+    eos_ids: jax.Array   # int32 [E], or [B, E]; -1 entries never match
 
     @classmethod
     def make(cls, max_new_tokens: int, eos_ids) -> "StopCriteria":
@@ -43,7 +43,11 @@ class StopCriteria:
         return cls(max_new=jnp.int32(max_new_tokens), eos_ids=jnp.asarray(ids + [-1] * (width - len(ids)), jnp.int32))
 
     def is_eos(self, tokens: jax.Array) -> jax.Array:
-        return jnp.any(tokens[..., None] == self.eos_ids, axis=-1)
+        """Which of ``tokens`` (``[B]`` or ``[B, A]``) stop their row."""
+        eos = self.eos_ids
+        if eos.ndim == 2:
+            eos = eos.reshape(eos.shape[:1] + (1,) * (tokens.ndim - 1) + eos.shape[1:])
+        return jnp.any(tokens[..., None] == eos, axis=-1)
 
 
 @struct.dataclass
@@ -90,5 +94,5 @@ def prefill_and_first_token(params, settings: DecodeSettings, tokens_BxT, prompt
                        params["embed"].dtype)
     logits, cache = prefill(params, config, tokens_BxT, prompt_lengths_B, cache,
                             chunk=settings.prefill_chunk, impl=settings.impl)
-    key, sub = jax.random.split(key)
+    key, sub = split(key)
     return select_tokens(logits, sub, settings.sampling), cache, key

@@ -8,7 +8,7 @@ from jax.experimental import io_callback
 
 from infer.decoding import DecodeSettings, Progress, StopCriteria, prefill_and_first_token
 from longspec_jax.kv_cache import KVCache
-from longspec_jax.sampling import select_tokens
+from longspec_jax.sampling import select_tokens, split
 from longspec_jax.target import forward, lm_head_logits
 
 
@@ -31,7 +31,7 @@ def plain_loop(params, settings: DecodeSettings, stop: StopCriteria, progress: P
 
     def body(carry):
         progress, cache, last, key = carry
-        key, sub = jax.random.split(key)
+        key, sub = split(key)
         token, cache = decode_step(params, settings, cache, last, sub)
         active = ~progress.done
         cache = cache.replace(lengths=cache.lengths + active.astype(jnp.int32))

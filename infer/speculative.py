@@ -20,7 +20,7 @@ from infer.decoding import DecodeSettings, Progress, StopCriteria, prefill_and_f
 from longspec_jax.draft import DraftSettings, DraftWeights, draft_prefill, draft_root
 from longspec_jax.kv_cache import KVCache, RingCache, TreeKV, commit
 from longspec_jax.multidraft import multidraft_acceptance
-from longspec_jax.sampling import select_tokens
+from longspec_jax.sampling import select_tokens, split
 from longspec_jax.target import forward_tree, lm_head_logits
 from longspec_jax.tree import RANK_SLOTS, Acceptance, DraftSample, Tree, TreeSpec, accept, build_tree, rank_outcomes
 
@@ -129,11 +129,11 @@ def tally_accepted(accept_counts_BxA: jax.Array, count_B: jax.Array, active_B: j
 
 def spec_round(settings: SpecSettings, target_params, weights: DraftWeights, stop: StopCriteria,
                state: SpecState) -> SpecState:
-    key, verify_key = jax.random.split(state.key)
+    key, verify_key = split(state.key)
     sample = None
     if settings.draft_sampling:
-        verify_key, draft_key = jax.random.split(verify_key)
-        sample = DraftSample(draft_key, settings.base.sampling.temperature, settings.draft_sampling)
+        verify_key, draft_key = split(verify_key)
+        sample = DraftSample(draft_key, settings.base.sampling, settings.draft_sampling)
     logp_root_BxV, ring = draft_root(settings.draft, weights, target_params, state.cache, state.ring,
                                      state.pending, state.num_pending)
     root_B = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)[:, 0]
@@ -145,8 +145,10 @@ def spec_round(settings: SpecSettings, target_params, weights: DraftWeights, sto
     progress = state.progress.emit(accepted.tokens_BxA, accepted.count_B, stop)
     tried_BxDxR, accepted_BxDxR = rank_outcomes(tree.parents, accepted.path_BxA, accepted.count_B, settings.tree.depth)
     active_Bx1x1 = active_B[:, None, None]
+    width = state.pending.shape[1]  # the tree's max_accept, or more where one buffer serves several trees
+    tokens_BxP = jnp.pad(accepted.tokens_BxA, ((0, 0), (0, width - accepted.tokens_BxA.shape[1])))
     return SpecState(cache=cache, ring=ring,
-                     pending=jnp.where(active_B[:, None], accepted.tokens_BxA, state.pending),
+                     pending=jnp.where(active_B[:, None], tokens_BxP, state.pending),
                      num_pending=jnp.where(active_B, accepted.count_B, state.num_pending),
                      progress=progress, accept_counts=tally_accepted(state.accept_counts, accepted.count_B, active_B),
                      rank_tried=state.rank_tried + jnp.sum(tried_BxDxR * active_Bx1x1, axis=0),

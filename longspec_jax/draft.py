@@ -295,15 +295,34 @@ def draft_prefill(ds: DraftSettings, weights: DraftWeights, target_params, token
                   prompt_lengths_B) -> RingCache:
     """Fills the ring with the self-attention K/V of each prompt's last ``ring_capacity`` positions (the draft's
     other prefill outputs are never used)."""
-    B, T = tokens_BxT.shape
+    span = min(ds.config.ring_capacity, tokens_BxT.shape[1])
+    positions_BxS = jnp.maximum(prompt_lengths_B[:, None] - span + jnp.arange(span)[None], 0)
+    return draft_prefill_window(ds, weights, target_params, jnp.take_along_axis(tokens_BxT, positions_BxS, 1),
+                                prompt_lengths_B)
+
+
+def draft_prefill_window(ds: DraftSettings, weights: DraftWeights, target_params, window_BxS,
+                         prompt_lengths_B) -> RingCache:
+    """:func:`draft_prefill` from each prompt's last ``S <= ring_capacity`` tokens only (``window[b, i]`` at
+    position ``prompt_lengths[b] - S + i``; entries before position 0 are ignored)."""
+    B, S = window_BxS.shape
     c = ds.config
-    span = min(c.ring_capacity, T)
-    positions_BxS = prompt_lengths_B[:, None] - span + jnp.arange(span)[None]
+    positions_BxS = prompt_lengths_B[:, None] - S + jnp.arange(S)[None]
     valid_BxS = positions_BxS >= 0
     safe_BxS = jnp.maximum(positions_BxS, 0)
-    k, v = draft_self_kv(ds, weights, target_params, jnp.take_along_axis(tokens_BxT, safe_BxS, 1), safe_BxS)
+    k, v = draft_self_kv(ds, weights, target_params, window_BxS, safe_BxS)
     ring = RingCache.empty(B, c.ring_capacity, c.num_kv_heads, c.head_dim, ds.dtype)
     return ring.write(k, v, positions_BxS, valid_BxS)
+
+
+def pending_kv(ds: DraftSettings, weights: DraftWeights, target_params, root_pos_B, pending_BxA, num_pending_B):
+    """Self-attention K/V of the pending tokens (last round's output, the root last at ``root_pos``), their
+    positions and which entries are real: ``(k, v, positions_BxA, valid_BxA)``, what the ring stores of them."""
+    offsets_1xA = jnp.arange(pending_BxA.shape[1])[None]
+    positions_BxA = root_pos_B[:, None] - num_pending_B[:, None] + 1 + offsets_1xA
+    valid_BxA = offsets_1xA < num_pending_B[:, None]
+    k, v = draft_self_kv(ds, weights, target_params, pending_BxA, positions_BxA)
+    return k, v, positions_BxA, valid_BxA
 
 
 def draft_root(ds: DraftSettings, weights: DraftWeights, target_params, cache: KVCache, ring: RingCache,
@@ -311,12 +330,8 @@ def draft_root(ds: DraftSettings, weights: DraftWeights, target_params, cache: K
     """Step 0: stores the pending tokens' K/V in the ring and returns the draft's distribution after the root
     ``[B, V]`` (``[B, K]`` over a draft vocabulary) and the ring. Only the root's full layer output is needed; the
     other pending tokens contribute K/V only."""
-    A = pending_BxA.shape[1]
     root_pos_B = cache.lengths
-    offsets_1xA = jnp.arange(A)[None]
-    positions_BxA = root_pos_B[:, None] - num_pending_B[:, None] + 1 + offsets_1xA
-    valid_BxA = offsets_1xA < num_pending_B[:, None]
-    k, v = draft_self_kv(ds, weights, target_params, pending_BxA, positions_BxA)
+    k, v, positions_BxA, valid_BxA = pending_kv(ds, weights, target_params, root_pos_B, pending_BxA, num_pending_B)
     root_Bx1 = jnp.take_along_axis(pending_BxA, num_pending_B[:, None] - 1, axis=1)
     logp_Bx1xV = draft_log_probs(ds, weights, target_params, cache, ring, root_Bx1, root_pos_B[:, None], k, v,
                                  valid_BxA[:, None, :])

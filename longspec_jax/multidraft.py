@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from longspec_jax.draft_vocab import scatter_to_vocab
-from longspec_jax.sampling import SamplingConfig, sampling_log_probs
+from longspec_jax.sampling import categorical, greedy_rows, sampling_log_probs, split, tempered, uniform
 from longspec_jax.tree import Acceptance, Tree, TreeSpec, check_sampling_kind
 
 def deterministic_ranks(spec: TreeSpec, kind: str) -> np.ndarray:
@@ -56,36 +56,40 @@ def rejection_step(p_BxV, logq_BxV, excluded_BxV, token_B, live_B, deterministic
 
 
 def multidraft_acceptance(tree: Tree, target_logits_BxNxV: jax.Array, key: jax.Array, spec: TreeSpec,
-                          sampling: SamplingConfig, kind: str, step=rejection_step) -> Acceptance:
+                          sampling, kind: str, step=rejection_step) -> Acceptance:
     """The recursive-rejection walk of the module docstring down a sampled tree of static topology ``spec``.
     ``tree.draft_logp`` holds the draft's log-probs after every node; q is their softmax at the sampling
     temperature, as :func:`longspec_jax.tree.sample_children` drew from (over a draft vocabulary's columns
     ``tree.draft_ids``, scattered to the target's vocabulary, zero elsewhere, at the nodes the walk visits).
+    ``sampling``: a :class:`~longspec_jax.sampling.SamplingConfig`, or per-row
+    :class:`~longspec_jax.sampling.RowSampling` (``key`` then one key per row), whose greedy rows' children are
+    their draft's top tokens, tried as point masses against the target's argmax.
     ``step``: one trial of a child (:func:`rejection_step`; the tests pass biased ones)."""
     B, N, V = target_logits_BxNxV.shape
     children_NxK = jnp.asarray(spec.children_table)
     deterministic_NxK = jnp.asarray(deterministic_ranks(spec, kind))
+    greedy_B = greedy_rows(sampling, 1)
     node_B = jnp.zeros((B,), jnp.int32)
     walking_B = jnp.ones((B,), bool)
     path, emitted = [node_B], []
     for d in range(spec.depth + 1):
-        key, k_try, k_draw = jax.random.split(key, 3)
+        key, k_try, k_draw = split(key, 3)
         p_BxV = jnp.exp(sampling_log_probs(_row(target_logits_BxNxV, node_B), sampling))
         chosen_B = jnp.full((B,), -1, jnp.int32)
         if d < spec.depth:
-            logq_BxV = scatter_to_vocab(jax.nn.log_softmax(_row(tree.draft_logp, node_B) / sampling.temperature,
+            logq_BxV = scatter_to_vocab(jax.nn.log_softmax(tempered(_row(tree.draft_logp, node_B), sampling),
                                                            axis=-1), tree.draft_ids, V, -jnp.inf)
             excluded_BxV = jnp.zeros((B, V), bool)
             K = int(max(spec.branching[d]))
-            u_BxK = jax.random.uniform(k_try, (B, K))
+            u_BxK = uniform(k_try, (B, K))
             for r in range(K):
                 child_B = children_NxK[node_B, r]
                 live_B = walking_B & (child_B >= 0) & (chosen_B < 0)
                 token_B = jnp.take_along_axis(tree.tokens, jnp.maximum(child_B, 0)[:, None], axis=1)[:, 0]
                 accepted_B, p_BxV, excluded_BxV = step(p_BxV, logq_BxV, excluded_BxV, token_B, live_B,
-                                                             deterministic_NxK[node_B, r], u_BxK[:, r])
+                                                       deterministic_NxK[node_B, r] | greedy_B, u_BxK[:, r])
                 chosen_B = jnp.where(accepted_B, child_B, chosen_B)
-        draw_B = jax.random.categorical(k_draw, jnp.log(p_BxV), axis=-1).astype(jnp.int32)
+        draw_B = categorical(k_draw, jnp.log(p_BxV)).astype(jnp.int32)
         moved_B = chosen_B >= 0
         chosen_token_B = jnp.take_along_axis(tree.tokens, jnp.maximum(chosen_B, 0)[:, None], axis=1)[:, 0]
         emitted.append(jnp.where(moved_B, chosen_token_B, draw_B))

@@ -23,6 +23,7 @@ from flax import struct
 
 from longspec_jax.draft import DraftSettings, DraftWeights, draft_log_probs, draft_self_kv
 from longspec_jax.kv_cache import KVCache, RingCache
+from longspec_jax.sampling import fold_in, greedy_rows, gumbel, tempered
 from longspec_jax.top_k import top_k
 
 MAX_TREE_NODES = 512
@@ -182,18 +183,21 @@ def _add_level(spec: TreeSpec, builder: TreeBuilder, level: int, parents_local_B
     return builder.replace(tree=tree, scores=builder.scores.at[:, nodes].set(scores_BxW))
 
 
-def sample_children(logp_BxWxV: jax.Array, counts: tuple[int, ...], key: jax.Array, temperature: float,
+def sample_children(logp_BxWxV: jax.Array, counts: tuple[int, ...], key: jax.Array, sampling,
                     kind: str) -> tuple[np.ndarray, jax.Array]:
     """Children of a level's W nodes, ``counts[j]`` for node j, drawn from the draft's tempered distribution q =
-    softmax(logp / T): without replacement (the top k of logp / T plus Gumbel noise are, in order, k successive
-    draws without replacement), or ``top_plus_one``: the node's k - 1 most likely tokens, then one draw from q
-    without them. Returns the next level's parents (static local indices ``[W']``, node order) and tokens
-    ``[B, W']``, each node's children in rank order."""
+    softmax(logp / T) at the ``sampling`` temperature (per row for a
+    :class:`~longspec_jax.sampling.RowSampling`, whose greedy rows take their top tokens): without replacement (the
+    top k of logp / T plus Gumbel noise are, in order, k successive draws without replacement), or
+    ``top_plus_one``: the node's k - 1 most likely tokens, then one draw from q without them. Returns the next
+    level's parents (static local indices ``[W']``, node order) and tokens ``[B, W']``, each node's children in
+    rank order."""
     check_sampling_kind(kind)
     K = max(counts)
     parents_Wn = np.repeat(np.arange(len(counts)), counts).astype(np.int32)
     ranks_Wn = np.concatenate([np.arange(c) for c in counts]).astype(np.int32)
-    perturbed_BxWxV = logp_BxWxV / temperature + jax.random.gumbel(key, logp_BxWxV.shape, jnp.float32)
+    noise_BxWxV = jnp.where(greedy_rows(sampling, 3), 0.0, gumbel(key, logp_BxWxV.shape))
+    perturbed_BxWxV = tempered(logp_BxWxV, sampling) + noise_BxWxV
     if kind == "without_replacement" or K == 1:
         _, tokens_BxWxK = top_k(perturbed_BxWxV, K)
         return parents_Wn, tokens_BxWxK[:, parents_Wn, ranks_Wn].astype(jnp.int32)
@@ -211,11 +215,12 @@ def sample_children(logp_BxWxV: jax.Array, counts: tuple[int, ...], key: jax.Arr
 
 @dataclasses.dataclass(frozen=True)
 class DraftSample:
-    """How a sampled tree draws its children (:func:`sample_children`): the round's key, the sampling
-    temperature, and the kind (``without_replacement`` or ``top_plus_one``)."""
+    """How a sampled tree draws its children (:func:`sample_children`): the round's key (or one per row), the
+    sampling (a :class:`~longspec_jax.sampling.SamplingConfig` or per-row
+    :class:`~longspec_jax.sampling.RowSampling`), and the kind (``without_replacement`` or ``top_plus_one``)."""
 
     key: jax.Array
-    temperature: float
+    sampling: object
     kind: str = "without_replacement"
 
 
@@ -229,7 +234,7 @@ def next_level(spec: TreeSpec, level: int, scores_BxW: jax.Array, logp_BxWxV: ja
         parents_BxWn, columns_BxWn, scores_BxWn = expand_level(scores_BxW, logp_BxWxV, spec.shape[level])
     else:
         parents_Wn, columns_BxWn = sample_children(logp_BxWxV, spec.branching[level],
-                                                   jax.random.fold_in(sample.key, level), sample.temperature,
+                                                   fold_in(sample.key, level), sample.sampling,
                                                    sample.kind)
         logp_BxWn = jnp.take_along_axis(logp_BxWxV[:, parents_Wn], columns_BxWn[..., None], axis=-1)[..., 0]
         parents_BxWn = jnp.broadcast_to(parents_Wn, columns_BxWn.shape)

@@ -1,0 +1,149 @@
+"""What the engine decides on the host: request checks, the static plan of an engine (slot shapes, and the
+speculation for each load), and which compiled step the current slots run."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from infer.decoding import DecodeSettings
+from infer.generate import CAPACITY_ALIGN, plan_speculative
+from infer.slots import SlotShapes
+from infer.speculation import Speculation, choose
+from infer.speculative import SpecSettings
+from longspec_jax.attention import resolve_impl
+from longspec_jax.draft import Draft
+from longspec_jax.sampling import MIN_TEMPERATURE, SamplingConfig
+from longspec_jax.tensor_parallel import shard_draft
+from pallas.sizes import next_pow2, round_up
+
+MAX_STOP_TOKENS = 8        # stop token ids a request may give, besides the target's EOS ids
+SAMPLED_TEMPERATURE = 1.0  # the temperature the speculation of batches with sampled rows is chosen for
+
+
+def check_request(prompt_ids, params, vocab_size: int, max_context: int, max_stop_tokens: int) -> tuple[int, ...]:
+    """The prompt as a tuple of ints, or ``ValueError`` naming what is wrong with it or with ``params``."""
+    if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__len__") or len(prompt_ids) == 0:
+        raise ValueError("the prompt must be a non-empty list of token ids")
+    if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt_ids):
+        raise ValueError("the prompt's token ids must be integers")
+    prompt = tuple(int(t) for t in prompt_ids)
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+    p = params
+    if isinstance(p.max_tokens, bool) or not isinstance(p.max_tokens, (int, np.integer)) or p.max_tokens <= 0:
+        raise ValueError(f"max_tokens must be a positive integer, got {p.max_tokens!r}")
+    if not (isinstance(p.temperature, (int, float)) and math.isfinite(p.temperature) and p.temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0, got {p.temperature!r}")
+    if not (isinstance(p.top_p, (int, float)) and 0 < p.top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1], got {p.top_p!r}")
+    if p.seed is not None and (isinstance(p.seed, bool) or not isinstance(p.seed, (int, np.integer))
+                               or not 0 <= p.seed < 2 ** 32):
+        raise ValueError(f"seed must be an integer in [0, 2**32) or None, got {p.seed!r}")
+    if len(p.stop_token_ids) > max_stop_tokens:
+        raise ValueError(f"at most {max_stop_tokens} stop token ids, got {len(p.stop_token_ids)}")
+    bad = [t for t in p.stop_token_ids if not (isinstance(t, (int, np.integer)) and 0 <= t < vocab_size)]
+    if bad:
+        raise ValueError(f"stop token id {bad[0]!r} is outside the vocabulary [0, {vocab_size})")
+    if len(prompt) > max_context:
+        raise ValueError(f"the prompt has {len(prompt)} tokens, more than the context capacity of {max_context}")
+    if len(prompt) + p.max_tokens > max_context:
+        raise ValueError(f"the prompt's {len(prompt)} tokens + max_tokens {p.max_tokens} exceed the context "
+                         f"capacity of {max_context} tokens")
+    return prompt
+
+
+def batch_buckets(slots: int) -> tuple[int, ...]:
+    """The numbers of active slots the speculation is chosen for: powers of two below ``slots``, and ``slots``."""
+    return tuple(sorted({min(next_pow2(n), slots) for n in range(1, slots + 1)}))
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """A compiled decode step: a speculative round (``settings``) or a plain one (``speculation`` None), greedy
+    for every row or per-row sampling (with the top-p filter compiled in or not)."""
+
+    greedy: bool
+    use_top_p: bool
+    speculation: Speculation | None
+    settings: SpecSettings | None
+
+    @property
+    def drafted_per_row(self) -> int:
+        return 0 if self.settings is None else self.settings.tree.num_nodes - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class EnginePlan:
+    """The static plan of an engine: its slot shapes and, for every batch bucket and for all-greedy or sampled
+    rows, the speculation :func:`infer.speculation.choose` predicts fastest at half the context capacity."""
+
+    shapes: SlotShapes
+    draft: Draft | None
+    eos_ids: tuple[int, ...]
+    speculations: dict  # (bucket, greedy) -> Speculation
+    settings: dict      # (bucket, greedy) -> SpecSettings | None
+    max_stop_tokens: int = MAX_STOP_TOKENS
+
+    @classmethod
+    def make(cls, target, draft, config) -> "EnginePlan":
+        if config.max_batch < 1 or config.max_queue < 0 or config.max_context < 2:
+            raise ValueError(f"max_batch must be >= 1, max_queue >= 0 and max_context >= 2; got {config}")
+        chunk = config.prefill_chunk
+        if chunk <= 0 or chunk & (chunk - 1):
+            raise ValueError(f"prefill_chunk must be a positive power of two, got {chunk}")
+        tc = target.config
+        if config.max_context > tc.max_position_embeddings:
+            raise ValueError(f"max_context {config.max_context} is beyond the target's "
+                             f"{tc.max_position_embeddings} positions")
+        if draft is not None and target.mesh is not None:
+            draft = shard_draft(draft, target.mesh)
+        impl = resolve_impl(config.attention)
+        param_bytes = jnp.dtype(target.dtype).itemsize
+        speculations, settings = {}, {}
+        for bucket in batch_buckets(config.max_batch):
+            for greedy in (True, False):
+                sampling = SamplingConfig(0.0 if greedy else SAMPLED_TEMPERATURE)
+                if draft is None:
+                    speculations[bucket, greedy], settings[bucket, greedy] = None, None
+                    continue
+                spec = choose(tc, draft.profile, sampling, bucket, config.max_context // 2,
+                              param_bytes=param_bytes, draft_vocab_size=draft.vocab_size(tc.vocab_size))
+                speculations[bucket, greedy] = spec
+                settings[bucket, greedy] = None if spec.tree_shape is None else plan_speculative(
+                    target, draft, 1, 1, sampling, spec.tree_shape, chunk, impl, spec.draft_sampling or False)
+        pending = max([s.tree.max_accept for s in settings.values() if s is not None], default=1)
+        capacity = round_up(config.max_context + pending + 1, max(CAPACITY_ALIGN, chunk))
+        eos_ids = tuple(tc.eos_token_ids)
+        base = DecodeSettings(config=tc, sampling=SamplingConfig(), capacity=capacity, prefill_chunk=chunk,
+                              out_len=1, prompt_len=chunk, impl=impl)
+        settings = {k: s and dataclasses.replace(s, base=dataclasses.replace(base, sampling=s.base.sampling))
+                    for k, s in settings.items()}
+        shapes = SlotShapes(base=base, draft=None if draft is None else draft.settings(impl), slots=config.max_batch,
+                            pending=pending, stop_width=len(eos_ids) + MAX_STOP_TOKENS)
+        return cls(shapes=shapes, draft=draft, eos_ids=eos_ids, speculations=speculations, settings=settings)
+
+    def stop_ids(self, params) -> tuple[int, ...]:
+        """The tokens that end a request: the target's EOS (unless ``ignore_eos``) and its stop token ids."""
+        return (() if params.ignore_eos else self.eos_ids) + tuple(int(t) for t in params.stop_token_ids)
+
+    def step_for(self, handles) -> Step:
+        """The step for these running requests: the speculation of their bucket, greedy when every one is."""
+        bucket = min(next_pow2(len(handles)), self.shapes.slots)
+        greedy = all(h.params.temperature < MIN_TEMPERATURE for h in handles)
+        use_top_p = any(h.params.top_p < 1 for h in handles if h.params.temperature >= MIN_TEMPERATURE)
+        return Step(greedy=greedy, use_top_p=use_top_p and not greedy,
+                    speculation=self.speculations[bucket, greedy], settings=self.settings[bucket, greedy])
+
+    def steps(self) -> list[Step]:
+        """Every step compiled ahead: each bucket's, greedy and sampled without top-p (top-p compiles on first
+        use)."""
+        found = {}
+        for (bucket, greedy), spec in self.speculations.items():
+            step = Step(greedy=greedy, use_top_p=False, speculation=spec, settings=self.settings[bucket, greedy])
+            found[step.greedy, step.settings] = step
+        return list(found.values())

@@ -1,0 +1,113 @@
+"""The engine's compiled programs and the device state they update in place (donated), called from the engine's
+loop thread: a prefill chunk, an insertion, a decode step (one per :class:`infer.schedule.Step`), a deactivation."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from infer.generate import on_mesh
+from infer.schedule import EnginePlan, Step
+from infer.slots import (Admission, StepOutput, deactivate, empty_prefill_cache, empty_state, insert, plain_step,
+                         prefill_chunk, speculative_step)
+from longspec_jax.sampling import SamplingConfig
+
+
+@dataclasses.dataclass
+class Admitting:
+    """A request being prefilled into ``slot``, ``chunk`` tokens per call: its prompt right-padded to whole
+    chunks, and where the next chunk starts."""
+
+    handle: object
+    slot: int
+    tokens: np.ndarray
+    start: int = 0
+
+    @classmethod
+    def start_for(cls, handle, slot: int, chunk: int) -> "Admitting":
+        prompt = np.asarray(handle.prompt_ids, np.int32)
+        tokens = np.zeros(-(-len(prompt) // chunk) * chunk, np.int32)
+        tokens[:len(prompt)] = prompt
+        return cls(handle=handle, slot=slot, tokens=tokens)
+
+
+class Programs:
+    """The slots' device state and the jitted programs over it."""
+
+    def __init__(self, plan: EnginePlan, target, draft):
+        self.plan, self.params, self.mesh = plan, target.params, target.mesh
+        self.weights = None if draft is None else draft.weights
+        shapes = plan.shapes
+        dtype = target.params["embed"].dtype
+        with on_mesh(self.mesh):
+            self.state = jax.jit(functools.partial(empty_state, shapes, dtype))()
+            self.prefill_cache = jax.jit(functools.partial(empty_prefill_cache, shapes, dtype))()
+        self._prefill = jax.jit(functools.partial(prefill_chunk, shapes), donate_argnums=(1,))
+        self._insert = jax.jit(functools.partial(insert, shapes), donate_argnums=(2,))
+        self._deactivate = jax.jit(deactivate, donate_argnums=(0,))
+        self._steps: dict = {}
+        self._logits = None
+
+    def prefill(self, tokens: np.ndarray, start: int, prompt_len: int) -> None:
+        """Prefills chunk ``[start, start + chunk)`` of a padded prompt into the one-row prefill cache."""
+        chunk = self.plan.shapes.base.prefill_chunk
+        with on_mesh(self.mesh):
+            self._logits, self.prefill_cache = self._prefill(
+                self.params, self.prefill_cache, jnp.asarray(tokens[None, start:start + chunk]), np.int32(start),
+                np.int32(prompt_len - 1))
+
+    def insert(self, slot: int, prompt_ids, params, seed: int, stop_ids) -> tuple[int, bool]:
+        """Moves the prefilled prompt into ``slot`` with its request's settings; the first token, and whether the
+        slot goes on decoding."""
+        shapes = self.plan.shapes
+        width = shapes.window if shapes.draft is not None else 1
+        window = np.zeros((1, width), np.int32)
+        tail = np.asarray(prompt_ids[-width:], np.int32)
+        window[0, width - len(tail):] = tail
+        stops = np.full(shapes.stop_width, -1, np.int32)
+        stops[:len(stop_ids)] = stop_ids
+        new = Admission(slot=np.int32(slot), prompt_len=np.int32(len(prompt_ids)), window_1xW=jnp.asarray(window),
+                        max_new=np.int32(params.max_tokens), stop_ids_E=jnp.asarray(stops),
+                        temperature=np.float32(params.temperature), top_p=np.float32(params.top_p),
+                        seed=np.uint32(seed))
+        with on_mesh(self.mesh):
+            self.state, first = self._insert(self.params, self.weights, self.state, self.prefill_cache, self._logits,
+                                             new)
+        return int(first), bool(self.state.active[slot])
+
+    def deactivate(self, slot: int) -> None:
+        with on_mesh(self.mesh):
+            self.state = self._deactivate(self.state, np.int32(slot))
+
+    def decode(self, step: Step) -> StepOutput:
+        """Runs one decode step of every slot."""
+        with on_mesh(self.mesh):
+            self.state, out = self._step(step)(self.params, self.weights, self.state)
+        return out
+
+    def _step(self, step: Step):
+        key = (step.greedy, step.use_top_p, step.settings)
+        if key not in self._steps:
+            sampling = SamplingConfig(0.0 if step.greedy else 1.0)
+            if step.settings is None:
+                base = dataclasses.replace(self.plan.shapes.base, sampling=sampling)
+                fun = functools.partial(plain_step, base, self.plan.shapes.draft, step.use_top_p)
+            else:
+                fun = functools.partial(speculative_step, step.settings, step.use_top_p)
+            self._steps[key] = jax.jit(fun, donate_argnums=(2,))
+        return self._steps[key]
+
+    def warm_up(self) -> None:
+        """Compiles every program by running it on empty slots (leaving them empty)."""
+        chunk = self.plan.shapes.base.prefill_chunk
+        self.prefill(np.zeros(chunk, np.int32), 0, 1)
+        probe = dataclasses.make_dataclass("Probe", [("max_tokens", int), ("temperature", float),
+                                                     ("top_p", float)])(2, 1.0, 1.0)
+        self.insert(0, [0], probe, 0, [])
+        self.deactivate(0)
+        for step in self.plan.steps():
+            jax.block_until_ready(self.decode(step))

@@ -1,0 +1,223 @@
+"""The engine's device side: a fixed number of slots with preallocated caches, and the jitted programs over them
+(a prefill chunk of one prompt, its insertion into a slot, one decode step of every slot).
+
+Each slot carries its own sampling (temperature, top-p), stop rules (token ids, most tokens) and random stream,
+as arrays, so one compiled program serves any mix of requests. A decode step is a speculative round
+(:func:`infer.speculative.spec_round`) or a plain step over all slots; free slots ride along inactive, their
+caches untouched. Between steps a slot's state is what :func:`infer.speculative.speculative_start` leaves: the
+target cache holds every token but the pending root, the draft's ring every token but the pending ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from infer.decoding import DecodeSettings, Progress, StopCriteria
+from infer.plain import decode_step
+from infer.speculative import SpecSettings, SpecState, spec_round
+from longspec_jax.draft import DraftSettings, DraftWeights, draft_prefill_window, pending_kv
+from longspec_jax.kv_cache import KVCache, RingCache, init_cache
+from longspec_jax.sampling import RowSampling, select_tokens, split
+from longspec_jax.target import forward, lm_head_logits
+from longspec_jax.tree import RANK_SLOTS
+
+
+@struct.dataclass
+class SlotState:
+    """Everything the slots hold on the device, ``S`` slots."""
+
+    cache: KVCache             # target KV cache [S, capacity]
+    ring: RingCache | None     # the draft's ring cache [S, R] (None without a draft)
+    pending: jax.Array         # [S, A] int32: the last step's emitted tokens, the root last
+    num_pending: jax.Array     # [S] int32
+    active: jax.Array          # [S] bool: decoding (not free, not finished)
+    generated: jax.Array       # [S] int32: tokens emitted so far (the first included)
+    max_new: jax.Array         # [S] int32: most tokens to emit
+    stop_ids: jax.Array        # [S, E] int32: tokens that end the request (-1: none)
+    temperature: jax.Array     # [S] float32 (0: greedy)
+    top_p: jax.Array           # [S] float32
+    keys: jax.Array            # [S, 2] uint32: each slot's random stream
+
+    @property
+    def stop(self) -> StopCriteria:
+        return StopCriteria(max_new=self.max_new, eos_ids=self.stop_ids)
+
+    def row_sampling(self, use_top_p: bool) -> RowSampling:
+        return RowSampling(temperature=self.temperature, top_p=self.top_p, use_top_p=use_top_p)
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotShapes:
+    """The static shapes of an engine: slots, cache capacity, pending width (1 + the deepest tree), stop ids per
+    slot, prefill chunk and the draft's ring window fed at insertion."""
+
+    base: DecodeSettings        # config, capacity, prefill chunk, impl (its sampling is unused)
+    draft: DraftSettings | None
+    slots: int
+    pending: int
+    stop_width: int
+
+    @property
+    def window(self) -> int:
+        return self.draft.config.ring_capacity
+
+
+def empty_state(shapes: SlotShapes, dtype) -> SlotState:
+    config, S = shapes.base.config, shapes.slots
+    ring = None
+    if shapes.draft is not None:
+        c = shapes.draft.config
+        ring = RingCache.empty(S, c.ring_capacity, c.num_kv_heads, c.head_dim, shapes.draft.dtype)
+    return SlotState(cache=init_cache(config.num_layers, S, shapes.base.capacity, config.num_kv_heads,
+                                      config.head_dim, dtype),
+                     ring=ring, pending=jnp.zeros((S, shapes.pending), jnp.int32),
+                     num_pending=jnp.ones((S,), jnp.int32), active=jnp.zeros((S,), bool),
+                     generated=jnp.zeros((S,), jnp.int32), max_new=jnp.zeros((S,), jnp.int32),
+                     stop_ids=jnp.full((S, shapes.stop_width), -1, jnp.int32),
+                     temperature=jnp.zeros((S,), jnp.float32), top_p=jnp.ones((S,), jnp.float32),
+                     keys=jnp.zeros((S, 2), jnp.uint32))
+
+
+def empty_prefill_cache(shapes: SlotShapes, dtype) -> KVCache:
+    """The one-row cache a prompt is prefilled into before its insertion."""
+    config = shapes.base.config
+    return init_cache(config.num_layers, 1, shapes.base.capacity, config.num_kv_heads, config.head_dim, dtype)
+
+
+def prefill_chunk(shapes: SlotShapes, params, cache: KVCache, tokens_1xC, start, last_index):
+    """Runs prompt tokens ``[start, start + C)`` of a one-row cache (right-padded past the prompt) and writes
+    their K/V; returns the float32 logits after the prompt's token ``last_index`` (meaningful in the chunk holding
+    it) and the cache."""
+    C = tokens_1xC.shape[1]
+    positions_1xC = (start + jnp.arange(C, dtype=jnp.int32))[None]
+    cache = cache.replace(lengths=jnp.full((1,), start, jnp.int32))
+    mask_1xCxC = jnp.tril(jnp.ones((C, C), bool))[None]
+    hidden_1xCxd, cache = forward(params, shapes.base.config, tokens_1xC, positions_1xC, cache, mask_1xCxC,
+                                  impl=shapes.base.impl)
+    local = jnp.clip(last_index - start, 0, C - 1)
+    hidden_1x1xd = jax.lax.dynamic_slice_in_dim(hidden_1xCxd, local, 1, axis=1)
+    return lm_head_logits(params, hidden_1x1xd)[:, 0], cache
+
+
+@struct.dataclass
+class Admission:
+    """A request entering a slot (traced): its prompt length, the prompt's last ring-window tokens, sampling,
+    stop rules and seed."""
+
+    slot: jax.Array            # int32 scalar
+    prompt_len: jax.Array      # int32 scalar
+    window_1xW: jax.Array      # int32: prompt tokens ending at the prompt's last (left-padded)
+    max_new: jax.Array         # int32 scalar
+    stop_ids_E: jax.Array      # int32 [E]
+    temperature: jax.Array     # float32 scalar
+    top_p: jax.Array           # float32 scalar
+    seed: jax.Array            # uint32 scalar
+
+
+def insert(shapes: SlotShapes, params, weights: DraftWeights | None, state: SlotState, prefilled: KVCache,
+           logits_1xV, new: Admission) -> tuple[SlotState, jax.Array]:
+    """Copies a prefilled one-row cache into slot ``new.slot``, fills the slot's ring from the prompt's last
+    tokens, picks the first token with the request's sampling and activates the slot (unless that token already
+    ends it). Returns the state and the first token."""
+    s = new.slot
+    sampling = RowSampling(temperature=new.temperature[None], top_p=new.top_p[None], use_top_p=True)
+    key, sub = split(jax.random.PRNGKey(new.seed))
+    first = select_tokens(logits_1xV, sub[None], sampling)[0]
+
+    def put(buffer_SxLxKxD, row_1xLxKxD):
+        return jax.lax.dynamic_update_slice_in_dim(buffer_SxLxKxD, row_1xLxKxD, s, axis=0)
+
+    cache = state.cache.replace(k=tuple(map(put, state.cache.k, prefilled.k)),
+                                v=tuple(map(put, state.cache.v, prefilled.v)),
+                                lengths=state.cache.lengths.at[s].set(new.prompt_len))
+    ring = state.ring
+    if shapes.draft is not None:
+        row = draft_prefill_window(shapes.draft, weights, params, new.window_1xW, new.prompt_len[None])
+        ring = RingCache(k=put(ring.k, row.k), v=put(ring.v, row.v), pos=put(ring.pos, row.pos))
+    stop = StopCriteria(max_new=new.max_new, eos_ids=new.stop_ids_E)
+    done = stop.is_eos(first) | (new.max_new <= 1)
+    state = state.replace(cache=cache, ring=ring, pending=state.pending.at[s].set(0).at[s, 0].set(first),
+                          num_pending=state.num_pending.at[s].set(1), active=state.active.at[s].set(~done),
+                          generated=state.generated.at[s].set(1), max_new=state.max_new.at[s].set(new.max_new),
+                          stop_ids=state.stop_ids.at[s].set(new.stop_ids_E),
+                          temperature=state.temperature.at[s].set(new.temperature),
+                          top_p=state.top_p.at[s].set(new.top_p), keys=state.keys.at[s].set(key))
+    return state, first
+
+
+def deactivate(state: SlotState, slot) -> SlotState:
+    return state.replace(active=state.active.at[slot].set(False))
+
+
+@struct.dataclass
+class StepOutput:
+    """What a decode step gave each slot: ``tokens[s, :emitted[s]]`` are its new tokens; ``active``: still
+    decoding after the step; ``verified`` = tokens the round's verification emitted (accepted + 1) for rows that
+    were active."""
+
+    tokens: jax.Array     # [S, A] int32
+    emitted: jax.Array    # [S] int32
+    active: jax.Array     # [S] bool
+    verified: jax.Array   # [S] int32 (0 for rows not decoding)
+
+
+def _progress(state: SlotState) -> Progress:
+    S = state.active.shape[0]
+    return Progress(tokens=jnp.zeros((S, 1), jnp.int32), num_generated=state.generated,
+                    num_rounds=jnp.zeros((S,), jnp.int32), done=~state.active)
+
+
+def _per_row(base: DecodeSettings, state: SlotState, use_top_p: bool) -> DecodeSettings:
+    """``base`` with the slots' per-row sampling (traced) in place of its static one, unless it is greedy (every row
+    greedy: the static argmax path)."""
+    if base.sampling.greedy:
+        return base
+    return dataclasses.replace(base, sampling=state.row_sampling(use_top_p))
+
+
+def speculative_step(settings: SpecSettings, use_top_p: bool, params, weights: DraftWeights,
+                     state: SlotState) -> tuple[SlotState, StepOutput]:
+    """One speculative round of every active slot (``settings.base.sampling`` greedy: every row greedy, beams
+    allowed; otherwise each row samples as its slot says)."""
+    settings = dataclasses.replace(settings, base=_per_row(settings.base, state, use_top_p))
+    depth, A = settings.tree.depth, settings.tree.max_accept
+    spec = SpecState(cache=state.cache, ring=state.ring, pending=state.pending, num_pending=state.num_pending,
+                     progress=_progress(state), accept_counts=jnp.zeros((state.active.shape[0], A), jnp.int32),
+                     rank_tried=jnp.zeros((depth, RANK_SLOTS), jnp.int32),
+                     rank_accepted=jnp.zeros((depth, RANK_SLOTS), jnp.int32), key=state.keys)
+    spec = spec_round(settings, params, weights, state.stop, spec)
+    return _finish(state, spec.cache, spec.ring, spec.pending, spec.num_pending, spec.progress, spec.key)
+
+
+def plain_step(base: DecodeSettings, draft: DraftSettings | None, use_top_p: bool, params,
+               weights: DraftWeights | None, state: SlotState) -> tuple[SlotState, StepOutput]:
+    """One target step of every active slot; with a draft, the pending tokens also enter its ring, so that a
+    later speculative round finds the ring complete."""
+    base = _per_row(base, state, use_top_p)
+    active = state.active
+    root_S = jnp.take_along_axis(state.pending, state.num_pending[:, None] - 1, axis=1)[:, 0]
+    keys, sub = split(state.keys)
+    token_S, cache = decode_step(params, base, state.cache, root_S, sub)
+    cache = cache.replace(lengths=cache.lengths + active.astype(jnp.int32))
+    ring = state.ring
+    if draft is not None:
+        k, v, positions, valid = pending_kv(draft, weights, params, state.cache.lengths, state.pending,
+                                            state.num_pending)
+        ring = ring.write(k, v, positions, valid & active[:, None])
+    progress = _progress(state).emit(token_S[:, None], jnp.ones_like(token_S), state.stop)
+    pending = jnp.where(active[:, None], state.pending.at[:, 0].set(token_S), state.pending)
+    num_pending = jnp.where(active, 1, state.num_pending)
+    return _finish(state, cache, ring, pending, num_pending, progress, keys)
+
+
+def _finish(state: SlotState, cache, ring, pending, num_pending, progress: Progress, keys):
+    was_active = state.active
+    out = StepOutput(tokens=pending, emitted=progress.num_generated - state.generated, active=~progress.done,
+                     verified=jnp.where(was_active, num_pending, 0))
+    return state.replace(cache=cache, ring=ring, pending=pending, num_pending=num_pending, active=~progress.done,
+                         generated=progress.num_generated, keys=keys), out
+
