@@ -38,13 +38,17 @@ class EngineDead(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """``max_batch`` slots, each holding up to ``max_context`` tokens (prompt + output); ``max_queue`` waiting
-    requests at most; prompts prefilled ``prefill_chunk`` tokens at a time between decode steps."""
+    requests at most; prompts prefilled ``prefill_chunk`` tokens at a time between decode steps. With a draft,
+    ``tree_shape`` and ``draft_sampling`` fix the speculation as in ``generate()`` (``None``: chosen per load;
+    ``draft_sampling`` applies to batches with sampled rows)."""
 
     max_batch: int = 4
     max_context: int = 4096
     max_queue: int = 64
     prefill_chunk: int = 512
     attention: str = "auto"
+    tree_shape: tuple[int, ...] | None = None
+    draft_sampling: bool | str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

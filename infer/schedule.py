@@ -12,7 +12,7 @@ import numpy as np
 from infer.decoding import DecodeSettings
 from infer.generate import CAPACITY_ALIGN, plan_speculative
 from infer.slots import SlotShapes
-from infer.speculation import Speculation, choose
+from infer.speculation import Speculation, choose, sampling_kind
 from infer.speculative import SpecSettings
 from longspec_jax.attention import resolve_impl
 from longspec_jax.draft import Draft
@@ -111,8 +111,9 @@ class EnginePlan:
                 if draft is None:
                     speculations[bucket, greedy], settings[bucket, greedy] = None, None
                     continue
-                spec = choose(tc, draft.profile, sampling, bucket, config.max_context // 2,
-                              param_bytes=param_bytes, draft_vocab_size=draft.vocab_size(tc.vocab_size))
+                spec = choose(tc, draft.profile, sampling, bucket, config.max_context // 2, config.tree_shape,
+                              None if greedy else sampling_kind(config.draft_sampling), param_bytes=param_bytes,
+                              draft_vocab_size=draft.vocab_size(tc.vocab_size))
                 speculations[bucket, greedy] = spec
                 settings[bucket, greedy] = None if spec.tree_shape is None else plan_speculative(
                     target, draft, 1, 1, sampling, spec.tree_shape, chunk, impl, spec.draft_sampling or False)

@@ -1,0 +1,166 @@
+"""The continuous-batching engine (infer.engine): requests that join and leave a running batch decode exactly as
+``generate()`` decodes them alone; each row samples as its request says; seeds reproduce; cancellation, queue
+limits, bad requests and a dead loop behave."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from infer.engine import Engine, EngineConfig, EngineDead, QueueFull, RequestParams
+from infer.generate import generate
+from infer.schedule import batch_buckets
+from longspec_jax.testing import TINY, random_draft, tiny_target
+
+RNG = np.random.default_rng(7)
+PROMPTS = [list(map(int, RNG.integers(0, TINY.vocab_size, size=int(n)))) for n in (3, 40, 17, 9, 33, 5, 21, 12)]
+CONFIG = EngineConfig(max_batch=4, max_context=128, max_queue=16, prefill_chunk=16, tree_shape=(2, 2, 2),
+                      draft_sampling=True)
+
+
+def _solo(target, prompt, max_tokens, **kwargs):
+    out = generate(target, [prompt], max_new_tokens=max_tokens, eos_token_id=[], **kwargs)
+    return out.tokens[0, :out.num_generated[0]].tolist()
+
+
+@pytest.fixture(scope="module")
+def engine():
+    target, draft = tiny_target(0), random_draft(1, window=16)
+    engine = Engine(target, draft, CONFIG)
+    engine.start()
+    yield engine
+    engine.shutdown()
+
+
+def test_bad_requests_are_named_before_anything_runs():
+    engine = Engine(tiny_target(0), None, EngineConfig(max_batch=2, max_context=64, prefill_chunk=16))
+    cases = {"non-empty list": ([], RequestParams()), "outside the vocabulary": ([1, 64], RequestParams()),
+             "integers": ([1.5], RequestParams()), "max_tokens": ([1], RequestParams(max_tokens=0)),
+             "temperature": ([1], RequestParams(temperature=-1.0)), "top_p": ([1], RequestParams(top_p=0.0)),
+             "seed": ([1], RequestParams(seed=-3)), "context capacity": ([1] * 60, RequestParams(max_tokens=8)),
+             "more than the context": ([1] * 65, RequestParams(max_tokens=1)),
+             "stop token id": ([1], RequestParams(stop_token_ids=(99,)))}
+    for words, (prompt, params) in cases.items():
+        with pytest.raises(ValueError, match=words):
+            engine.submit(prompt, params)
+    with pytest.raises(EngineDead):  # a good request to an engine that was never started
+        engine.submit([1, 2], RequestParams())
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        Engine(tiny_target(0), None, EngineConfig(prefill_chunk=12))
+    with pytest.raises(ValueError, match="max_context"):
+        Engine(tiny_target(0), None, EngineConfig(max_context=10 ** 6))
+
+
+def test_batch_buckets_cover_every_load():
+    assert batch_buckets(1) == (1,)
+    assert batch_buckets(6) == (1, 2, 4, 6)
+    assert batch_buckets(16) == (1, 2, 4, 8, 16)
+
+
+@pytest.mark.slow
+def test_greedy_requests_equal_generate_alone_while_others_join_and_leave(engine):
+    target = engine.target
+    lengths = [5, 30, 12, 24, 7, 40, 3, 18]
+    handles = [engine.submit(p, RequestParams(max_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS[:4], lengths)]
+    first = handles[0].result()   # a short request leaves; more join the running batch
+    handles += [engine.submit(p, RequestParams(max_tokens=n, ignore_eos=True))
+                for p, n in zip(PROMPTS[4:], lengths[4:])]
+    outputs = [first] + [h.result() for h in handles[1:]]
+    for prompt, n, out, handle in zip(PROMPTS, lengths, outputs, handles):
+        assert out == _solo(target, prompt, n), prompt
+        assert handle.finish_reason == "length" and handle.num_generated == n
+    stats = engine.stats()
+    assert stats.running == 0 and stats.waiting == 0 and stats.spec_rounds > 0
+    assert stats.drafted_tokens == 6 * stats.spec_rounds   # tree (2, 2, 2): 14 nodes beyond the root per row
+    assert 0 <= stats.accepted_tokens <= stats.drafted_tokens
+
+
+@pytest.mark.slow
+def test_greedy_rows_stay_exact_beside_sampled_rows_and_stop_tokens_end_them(engine):
+    target = engine.target
+    solo = _solo(target, PROMPTS[1], 20)
+    stop = solo[9]  # the tenth greedy token ends the stopped request, emitted
+    greedy = engine.submit(PROMPTS[1], RequestParams(max_tokens=20, ignore_eos=True))
+    stopped = engine.submit(PROMPTS[1], RequestParams(max_tokens=20, ignore_eos=True, stop_token_ids=(stop,)))
+    sampled = [engine.submit(p, RequestParams(max_tokens=25, temperature=t, top_p=tp, seed=s, ignore_eos=True))
+               for p, t, tp, s in ((PROMPTS[2], 1.0, 1.0, 1), (PROMPTS[3], 0.6, 0.8, 2))]
+    assert greedy.result() == solo
+    cut = stopped.result()
+    assert cut == solo[:solo.index(stop) + 1] and stopped.finish_reason == "stop"
+    for h in sampled:
+        tokens = h.result()
+        assert len(tokens) == 25 and all(0 <= t < TINY.vocab_size for t in tokens) and h.finish_reason == "length"
+
+
+@pytest.mark.slow
+def test_a_seed_reproduces_its_request_and_other_seeds_differ(engine):
+    params = RequestParams(max_tokens=24, temperature=1.0, seed=11, ignore_eos=True)
+    a = engine.submit(PROMPTS[0], params).result()
+    b = engine.submit(PROMPTS[0], params).result()
+    others = [engine.submit(PROMPTS[0], RequestParams(max_tokens=24, temperature=1.0, seed=s, ignore_eos=True))
+              for s in (12, 13)]
+    assert a == b
+    assert any(h.result() != a for h in others)
+
+
+@pytest.mark.slow
+def test_cancel_frees_the_slot_and_a_full_queue_refuses_at_once(engine):
+    long = [engine.submit(PROMPTS[1], RequestParams(max_tokens=80, ignore_eos=True)) for _ in range(CONFIG.max_batch)]
+    while engine.stats().running < CONFIG.max_batch:
+        time.sleep(0.01)
+    queued = [engine.submit([1, 2, 3], RequestParams(max_tokens=2)) for _ in range(CONFIG.max_queue)]
+    started = time.monotonic()
+    with pytest.raises(QueueFull):
+        engine.submit([1, 2, 3], RequestParams(max_tokens=2))
+    assert time.monotonic() - started < 0.5
+    for h in long:
+        h.cancel()
+    for h in long:
+        assert list(h)[-1].finish_reason == "abort"
+        assert h.num_generated < 80
+    for h in queued:   # the freed slots serve the queue
+        assert len(h.result()) >= 1 and h.finish_reason in ("stop", "length")
+    queued[0].cancel()  # cancelling a finished request changes nothing
+    assert queued[0].finish_reason in ("stop", "length")
+    assert engine.stats().running == 0
+
+
+@pytest.mark.slow
+def test_async_iteration_streams_every_chunk(engine):
+    import asyncio
+
+    async def collect():
+        handle = engine.submit(PROMPTS[4], RequestParams(max_tokens=16, ignore_eos=True))
+        return [chunk async for chunk in handle]
+
+    chunks = asyncio.run(collect())
+    assert chunks[-1].finish_reason == "length" and all(c.finish_reason is None for c in chunks[:-1])
+    assert [t for c in chunks for t in c.token_ids] == _solo(engine.target, PROMPTS[4], 16)
+
+
+@pytest.mark.slow
+def test_plain_engine_equals_generate_and_a_dead_loop_refuses_requests():
+    target = tiny_target(3)
+    engine = Engine(target, None, EngineConfig(max_batch=2, max_context=96, prefill_chunk=32))
+    engine.start()
+    handles = [engine.submit(p, RequestParams(max_tokens=12, ignore_eos=True)) for p in PROMPTS[:5]]
+    for prompt, h in zip(PROMPTS, handles):
+        assert h.result() == _solo(target, prompt, 12)
+    assert engine.stats().spec_rounds == 0 and engine.stats().generation_tokens == 60
+
+    def broken(step):
+        raise RuntimeError("device lost")
+
+    engine.programs.decode = broken
+    victim = engine.submit(PROMPTS[0], RequestParams(max_tokens=12))
+    assert list(victim)[-1].finish_reason == "error"
+    deadline = time.monotonic() + 5
+    while engine.alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not engine.alive and "device lost" in repr(engine.error)
+    with pytest.raises(EngineDead, match="device lost"):
+        engine.submit(PROMPTS[0], RequestParams())
+    assert threading.active_count() >= 1
