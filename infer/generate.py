@@ -7,6 +7,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import time
 from typing import Sequence
 
 import jax
@@ -15,6 +16,7 @@ import numpy as np
 
 from infer.decoding import DecodeSettings, StopCriteria
 from infer.lookup import LookupSettings, PromptLookup, lookup_generate
+from infer.phases import CallPhases, first_token_only, phase_records, timed
 from infer.plain import plain_generate
 from infer.speculation import Speculation, choose, sampling_kind
 from infer.speculative import SPECULATIVE_OPTIONS, SpecSettings, sampled_tree_acceptance, speculative_generate
@@ -141,14 +143,29 @@ def recording_program_memory():
 
 
 def _call_loop(loop: str, reproducible: bool, *args, **static):
-    """Runs a compiled loop (its peak bytes recorded inside :func:`recording_program_memory`)."""
+    """Runs a compiled loop (its peak bytes recorded inside :func:`recording_program_memory`, its phases timed
+    inside :func:`infer.phases.timing_phases`)."""
     jitted = _compiled(loop, tuple(sorted(compile_options(loop, reproducible).items())))
-    records = _memory_records.get()
+    records, phases = _memory_records.get(), phase_records()
+    if records is None and phases is None:
+        return jitted(*args, **static)
+    start = time.perf_counter()
+    program = jitted.lower(*args, **static).compile()  # cached by jax: the jitted calls after it reuse it
+    compile_s = time.perf_counter() - start
     if records is not None:
-        stats = jitted.lower(*args, **static).compile().memory_analysis()
-        peak = getattr(stats, "peak_memory_in_bytes", None)  # None where a backend gives no analysis
+        peak = getattr(program.memory_analysis(), "peak_memory_in_bytes", None)  # None where a backend gives none
         records.append(None if peak is None else int(peak))
-    return jitted(*args, **static)
+    if phases is None:
+        return program(*args)
+    _stream_sinks.append(lambda tokens_B, emitted_B: None)  # the first-token-only runs stream nothing
+    try:
+        timed(program, first_token_only(args))  # loads the program: its first run's costs are neither phase's
+        prefill_s = timed(program, first_token_only(args))[0]
+    finally:
+        _stream_sinks.pop()
+    run_s, out = timed(program, args)
+    phases.append(CallPhases(compile_s=compile_s, prefill_s=prefill_s, run_s=run_s))
+    return out
 
 
 _stream_sinks: list = []  # the on_tokens callbacks of the generate calls in progress (innermost last)

@@ -3,8 +3,8 @@
 Without ``--target``, the embedded default model (``infer/default_model/target``) runs with its LongSpec draft
 (``infer/default_model/draft``: speculative decoding; ``--no-draft`` for plain decoding, ``--draft DIR`` for
 another draft). ``--tiny-random`` runs a tiny random Llama built in memory with a byte-level tokenizer instead (its
-text is noise, but the whole path runs). Timing goes to stderr: tokens/s, and with a draft the tokens per round
-(tau); the first call includes compilation; ``--repeat N`` adds N warm calls.
+text is noise, but the whole path runs). Timing goes to stderr: the compilation, the prefill and the decode rate
+(tokens/s over decoding alone), and with a draft the tokens per round (tau); ``--repeat N`` adds N warm calls.
 """
 
 from __future__ import annotations
@@ -212,6 +212,16 @@ def load_draft_arg(path, target, draft_vocab: str | None, prog: str = "infer.mai
     return draft
 
 
+def phase_report(phases, prompt_tokens: int, generated: int) -> str:
+    """The timing of a first call (:class:`infer.phases.CallPhases`): compilation, prefill (the prompt and the
+    first token), and the decode rate over the other ``generated - 1`` tokens and the decoding time alone."""
+    decoded = generated - 1
+    line = f"compile {phases.compile_s:.3g} s; prefill {prompt_tokens} tokens {phases.prefill_s:.3g} s; decode "
+    if decoded <= 0:
+        return line + "nothing (one token)"
+    return line + f"{decoded} tokens in {phases.decode_s:.3g} s: {decoded / phases.decode_s:.1f} tokens/s"
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -235,6 +245,7 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
 
     from infer.generate import generate
+    from infer.phases import timing_phases
 
     dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}[args.dtype]
     try:
@@ -253,13 +264,10 @@ def main(argv=None) -> int:
         streamer = TextStreamer(tokenizer.decode)
         sys.stdout.write(prompt)
         sys.stdout.flush()
-        start = time.perf_counter()
-        out = generate(target, [ids], on_tokens=streamer, **kwargs)
-        first_s = time.perf_counter() - start
+        with timing_phases() as phases:
+            out = generate(target, [ids], on_tokens=streamer, **kwargs)
         streamer.finish()
-        n = int(out.num_generated[0])
-        print(f"[infer.main] {n} tokens in {first_s:.3f} s (first call, includes compilation and prefill): "
-              f"{n / first_s:.2f} tokens/s", file=sys.stderr)
+        print(f"[infer.main] {phase_report(phases[-1], len(ids), int(out.num_generated[0]))}", file=sys.stderr)
         if out.speculation is not None:
             print(f"[infer.main] speculation: {out.speculation.describe()}", file=sys.stderr)
         if out.speculation is not None and out.speculation.tree_shape is not None:

@@ -3,27 +3,34 @@
 from __future__ import annotations
 
 import importlib
+import re
 import subprocess
 import sys
+import time
+import types
 
 import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.sharded_cases import hf_config, write_checkpoint
 from infer import main as cli
+from infer.phases import CallPhases
 from longspec_jax.target import Target
+
+REPORT = re.compile(r"compile (\S+) s; prefill (\d+) tokens (\S+) s; decode (\d+) tokens in (\S+) s: (\S+) tokens/s")
 
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """Records every ``generate`` call the CLI makes: (target, output)."""
+    """Records every ``generate`` call the CLI makes: its target, keyword arguments, output and wall seconds."""
     calls = []
     module = importlib.import_module("infer.generate")  # the attribute infer.generate is the function
     real = module.generate
 
     def spy(target, *args, **kwargs):
+        start = time.perf_counter()
         out = real(target, *args, **kwargs)
-        calls.append((target, out))
+        calls.append(types.SimpleNamespace(target=target, kwargs=kwargs, out=out, seconds=time.perf_counter() - start))
         return out
 
     monkeypatch.setattr(module, "generate", spy)
@@ -36,18 +43,35 @@ def run_cli(capsys, *argv):
     return code, captured.out, captured.err
 
 
-def test_tiny_random_streams_the_generated_text(capsys, recorded):
+def test_tiny_random_streams_the_generated_text_and_times_decoding_alone(capsys, recorded):
+    gen = importlib.import_module("infer.generate")
+    plain_jit = gen._compiled("plain", tuple(sorted(gen.compile_options("plain", True).items())))
+    before = plain_jit._cache_size()
     code, out, err = run_cli(capsys, "--tiny-random", "--prompt", "def f(", "--max-new-tokens", "12",
                              "--dtype", "float32", "--repeat", "1")
     assert code == 0, err
     assert len(recorded) == 2  # first call + one warm repeat
-    target, result = recorded[0]
-    assert isinstance(target, Target) and target.config.vocab_size == 256
-    assert result.num_generated.tolist() == [12]
-    expected = cli.ByteTokenizer().decode(result.tokens[0])
-    assert out == "def f(" + expected + "\n"
-    assert "12 tokens in" in err and "first call" in err and "tokens/s" in err
+    first, warm = recorded
+    assert isinstance(first.target, Target) and first.target.config.vocab_size == 256
+    assert first.kwargs["temperature"] == 0.0  # greedy unless told
+    assert first.out.num_generated.tolist() == [12]
+    assert out == "def f(" + cli.ByteTokenizer().decode(first.out.tokens[0]) + "\n"  # each token streamed once
+    assert (warm.out.tokens == first.out.tokens).all()
+    assert plain_jit._cache_size() == before + 1  # compiled ahead of time once; the warm call reuses it
+    [line] = [line for line in err.splitlines() if "compile" in line]
+    compile_s, prompt, prefill_s, decoded, decode_s, rate = (float(x) for x in REPORT.search(line).groups())
+    assert (prompt, decoded) == (6, 11)  # the prompt, and the tokens after prefill's first one
+    assert compile_s + prefill_s + decode_s < first.seconds  # three parts of the first call, none counted twice
+    assert decode_s < first.seconds - compile_s
+    assert rate == pytest.approx(decoded / decode_s, rel=0.01, abs=0.1)  # over the decoding time alone
     assert "warm: median" in err
+
+
+def test_phase_report_gives_the_decode_rate_over_decoding_alone():
+    phases = CallPhases(compile_s=2.5, prefill_s=0.25, run_s=1.25)
+    assert cli.phase_report(phases, 7, 64) == ("compile 2.5 s; prefill 7 tokens 0.25 s; decode 63 tokens in 1 s: "
+                                               "63.0 tokens/s")
+    assert cli.phase_report(phases, 7, 1) == "compile 2.5 s; prefill 7 tokens 0.25 s; decode nothing (one token)"
 
 
 def test_prompt_file_and_sampling(capsys, recorded, tmp_path):
@@ -56,7 +80,7 @@ def test_prompt_file_and_sampling(capsys, recorded, tmp_path):
     code, out, err = run_cli(capsys, "--tiny-random", "--prompt-file", str(prompt), "--max-new-tokens", "5",
                              "--dtype", "float32", "--temperature", "0.8", "--top-p", "0.9", "--seed", "3")
     assert code == 0, err
-    result = recorded[0][1]
+    result = recorded[0].out
     assert out == "import os\n" + cli.ByteTokenizer().decode(result.tokens[0]) + "\n"
     assert "prompt: 10 tokens" in err
 
@@ -92,7 +116,7 @@ def test_the_default_model_is_the_target_and_its_draft(capsys, recorded, default
     assert code == 0, err
     assert f"target: {root / 'target'}" in err and f"draft: {root / 'draft'}" in err
     assert "tokens/s" in err and "tokens per round (tau)" in err
-    assert recorded[0][1].num_rounds[0] < 12  # rounds, not one step per token
+    assert recorded[0].out.num_rounds[0] < 12  # rounds, not one step per token
     code, plain, err = run_cli(capsys, *argv, "--no-draft")
     assert code == 0 and "draft: none (plain decoding)" in err and "tau" not in err
     assert spec == plain  # greedy speculative decoding is plain greedy decoding
@@ -208,7 +232,7 @@ def test_draft_vocab_gives_the_same_text_as_plain_decoding(capsys, recorded, tmp
     argv = ["--tiny-random", "--dtype", "float32", "--prompt", "def f(", "--max-new-tokens", "16", "--ignore-eos",
             "--draft", str(tmp_path / "draft"), "--tree-shape", "2,2,2"]
     code, plain, _ = run_cli(capsys, *argv[:8])
-    tokens = recorded[-1][1].tokens[0]
+    tokens = recorded[-1].out.tokens[0]
     assert code == 0 and (tokens >= 128).any() and (tokens % 2).any()
     for extra, words in (([], "draft vocabulary: 128 of 256 tokens"), (["--draft-vocab", str(tmp_path / "ids.npy")],
                          "draft vocabulary: 128 of 256 tokens"), (["--draft-vocab", "full"], None)):
