@@ -16,6 +16,7 @@ from infer.speculation import Speculation, choose, sampling_kind
 from infer.speculative import SpecSettings
 from longspec_jax.attention import resolve_impl
 from longspec_jax.draft import Draft
+from longspec_jax.mesh import DATA
 from longspec_jax.sampling import MIN_TEMPERATURE, SamplingConfig
 from longspec_jax.tensor_parallel import shard_draft
 from pallas.sizes import next_pow2, round_up
@@ -100,6 +101,9 @@ class EnginePlan:
         if config.max_context > tc.max_position_embeddings:
             raise ValueError(f"max_context {config.max_context} is beyond the target's "
                              f"{tc.max_position_embeddings} positions")
+        if target.mesh is not None and config.max_batch % target.mesh.shape[DATA]:
+            raise ValueError(f"max_batch {config.max_batch} does not split over the mesh's data axis of "
+                             f"{target.mesh.shape[DATA]} devices")
         if draft is not None and target.mesh is not None:
             draft = shard_draft(draft, target.mesh)
         impl = resolve_impl(config.attention)
@@ -125,7 +129,8 @@ class EnginePlan:
         settings = {k: s and dataclasses.replace(s, base=dataclasses.replace(base, sampling=s.base.sampling))
                     for k, s in settings.items()}
         shapes = SlotShapes(base=base, draft=None if draft is None else draft.settings(impl), slots=config.max_batch,
-                            pending=pending, stop_width=len(eos_ids) + MAX_STOP_TOKENS)
+                            pending=pending, stop_width=len(eos_ids) + MAX_STOP_TOKENS,
+                            prefill_rows=1 if target.mesh is None else target.mesh.shape[DATA])
         return cls(shapes=shapes, draft=draft, eos_ids=eos_ids, speculations=speculations, settings=settings)
 
     def stop_ids(self, params) -> tuple[int, ...]:

@@ -29,10 +29,14 @@ class Admitting:
 
     @classmethod
     def start_for(cls, handle, slot: int, chunk: int) -> "Admitting":
-        prompt = np.asarray(handle.prompt_ids, np.int32)
-        tokens = np.zeros(-(-len(prompt) // chunk) * chunk, np.int32)
-        tokens[:len(prompt)] = prompt
-        return cls(handle=handle, slot=slot, tokens=tokens)
+        return cls(handle=handle, slot=slot, tokens=pad_to_chunks(handle.prompt_ids, chunk))
+
+
+def pad_to_chunks(prompt_ids, chunk: int) -> np.ndarray:
+    """The prompt right-padded with zeros to whole prefill chunks."""
+    tokens = np.zeros(-(-len(prompt_ids) // chunk) * chunk, np.int32)
+    tokens[:len(prompt_ids)] = prompt_ids
+    return tokens
 
 
 class Programs:

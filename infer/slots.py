@@ -60,6 +60,7 @@ class SlotShapes:
     slots: int
     pending: int
     stop_width: int
+    prefill_rows: int = 1       # rows of the prefill cache: the mesh's data axis (each computes the same prompt)
 
     @property
     def window(self) -> int:
@@ -83,24 +84,26 @@ def empty_state(shapes: SlotShapes, dtype) -> SlotState:
 
 
 def empty_prefill_cache(shapes: SlotShapes, dtype) -> KVCache:
-    """The one-row cache a prompt is prefilled into before its insertion."""
+    """The cache a prompt is prefilled into before its insertion (its row 0; one row per data shard)."""
     config = shapes.base.config
-    return init_cache(config.num_layers, 1, shapes.base.capacity, config.num_kv_heads, config.head_dim, dtype)
+    return init_cache(config.num_layers, shapes.prefill_rows, shapes.base.capacity, config.num_kv_heads,
+                      config.head_dim, dtype)
 
 
 def prefill_chunk(shapes: SlotShapes, params, cache: KVCache, tokens_1xC, start, last_index):
-    """Runs prompt tokens ``[start, start + C)`` of a one-row cache (right-padded past the prompt) and writes
-    their K/V; returns the float32 logits after the prompt's token ``last_index`` (meaningful in the chunk holding
-    it) and the cache."""
-    C = tokens_1xC.shape[1]
-    positions_1xC = (start + jnp.arange(C, dtype=jnp.int32))[None]
-    cache = cache.replace(lengths=jnp.full((1,), start, jnp.int32))
-    mask_1xCxC = jnp.tril(jnp.ones((C, C), bool))[None]
-    hidden_1xCxd, cache = forward(params, shapes.base.config, tokens_1xC, positions_1xC, cache, mask_1xCxC,
+    """Runs prompt tokens ``[start, start + C)`` (right-padded past the prompt) in every row of the prefill cache
+    and writes their K/V; returns the float32 logits after the prompt's token ``last_index`` (meaningful in the
+    chunk holding it) and the cache."""
+    R, C = shapes.prefill_rows, tokens_1xC.shape[1]
+    tokens_RxC = jnp.broadcast_to(tokens_1xC, (R, C))
+    positions_RxC = jnp.broadcast_to(start + jnp.arange(C, dtype=jnp.int32), (R, C))
+    cache = cache.replace(lengths=jnp.full((R,), start, jnp.int32))
+    mask_RxCxC = jnp.broadcast_to(jnp.tril(jnp.ones((C, C), bool)), (R, C, C))
+    hidden_RxCxd, cache = forward(params, shapes.base.config, tokens_RxC, positions_RxC, cache, mask_RxCxC,
                                   impl=shapes.base.impl)
     local = jnp.clip(last_index - start, 0, C - 1)
-    hidden_1x1xd = jax.lax.dynamic_slice_in_dim(hidden_1xCxd, local, 1, axis=1)
-    return lm_head_logits(params, hidden_1x1xd)[:, 0], cache
+    hidden_Rx1xd = jax.lax.dynamic_slice_in_dim(hidden_RxCxd, local, 1, axis=1)
+    return lm_head_logits(params, hidden_Rx1xd)[:, 0], cache
 
 
 @struct.dataclass
@@ -123,21 +126,22 @@ def insert(shapes: SlotShapes, params, weights: DraftWeights | None, state: Slot
     """Copies a prefilled one-row cache into slot ``new.slot``, fills the slot's ring from the prompt's last
     tokens, picks the first token with the request's sampling and activates the slot (unless that token already
     ends it). Returns the state and the first token."""
-    s = new.slot
+    s, R = new.slot, shapes.prefill_rows
     sampling = RowSampling(temperature=new.temperature[None], top_p=new.top_p[None], use_top_p=True)
     key, sub = split(jax.random.PRNGKey(new.seed))
-    first = select_tokens(logits_1xV, sub[None], sampling)[0]
+    first = select_tokens(logits_1xV[:1], sub[None], sampling)[0]
 
     def put(buffer_SxLxKxD, row_1xLxKxD):
         return jax.lax.dynamic_update_slice_in_dim(buffer_SxLxKxD, row_1xLxKxD, s, axis=0)
 
-    cache = state.cache.replace(k=tuple(map(put, state.cache.k, prefilled.k)),
-                                v=tuple(map(put, state.cache.v, prefilled.v)),
+    cache = state.cache.replace(k=tuple(put(k, p[:1]) for k, p in zip(state.cache.k, prefilled.k)),
+                                v=tuple(put(v, p[:1]) for v, p in zip(state.cache.v, prefilled.v)),
                                 lengths=state.cache.lengths.at[s].set(new.prompt_len))
     ring = state.ring
     if shapes.draft is not None:
-        row = draft_prefill_window(shapes.draft, weights, params, new.window_1xW, new.prompt_len[None])
-        ring = RingCache(k=put(ring.k, row.k), v=put(ring.v, row.v), pos=put(ring.pos, row.pos))
+        window_RxW = jnp.broadcast_to(new.window_1xW, (R, new.window_1xW.shape[1]))
+        row = draft_prefill_window(shapes.draft, weights, params, window_RxW, jnp.full((R,), new.prompt_len))
+        ring = RingCache(k=put(ring.k, row.k[:1]), v=put(ring.v, row.v[:1]), pos=put(ring.pos, row.pos[:1]))
     stop = StopCriteria(max_new=new.max_new, eos_ids=new.stop_ids_E)
     done = stop.is_eos(first) | (new.max_new <= 1)
     state = state.replace(cache=cache, ring=ring, pending=state.pending.at[s].set(0).at[s, 0].set(first),

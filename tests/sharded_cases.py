@@ -3,6 +3,8 @@
 starts). Each case asserts and prints ``OK <case>``; meshes are named model x data (``4x2``: tensor parallel over
 4 devices, batch rows over 2).
 
+The last case runs the continuous-batching engine on a sharded target.
+
 Also the tiny tensor-parallel model (16 query / 8 KV heads, so TP 8 divides the KV heads) and a checkpoint writer
 shared with the single-device tests.
 """
@@ -249,8 +251,28 @@ def case_loading(tmp: str) -> None:
     assert peak < total / 8 and peak - held < 2 * largest, (peak, held, largest, total)
 
 
+def case_engine() -> None:
+    """The continuous-batching engine on a sharded target: greedy requests equal single-device generate, on
+    meshes with and without rows split over data."""
+    from infer.engine import Engine, EngineConfig, RequestParams
+
+    target = tp_target()
+    ref = generate(target, PROMPTS, max_new_tokens=MAX_NEW, eos_token_id=[])
+    draft = init_draft(DraftConfig.from_target(TP_CONFIG, window=16), jax.random.PRNGKey(1))
+    for name in ("4x2", "8x1"):
+        engine = Engine(shard_target(target, mesh_of(name)), draft,
+                        EngineConfig(max_batch=2, max_context=64, prefill_chunk=16, tree_shape=TREE))
+        engine.start()
+        greedy = [engine.submit(p, RequestParams(max_tokens=MAX_NEW, ignore_eos=True)) for p in PROMPTS * 2]
+        sampled = engine.submit(PROMPTS[0], RequestParams(max_tokens=MAX_NEW, temperature=1.0, ignore_eos=True))
+        for b, handle in enumerate(greedy):
+            assert handle.result() == ref.tokens[b % 2].tolist(), (name, b)
+        assert len(sampled.result()) == MAX_NEW
+        engine.shutdown()
+
+
 CASES = {"fast": case_fast, "speculative": case_speculative, "lookup_and_sampling": case_lookup_and_sampling,
-         "loading": case_loading, "draft_vocab": case_draft_vocab}
+         "loading": case_loading, "draft_vocab": case_draft_vocab, "engine": case_engine}
 
 if __name__ == "__main__":
     assert jax.device_count() == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"

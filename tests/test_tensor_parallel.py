@@ -85,3 +85,9 @@ def test_sharded_draft_vocab():
 @pytest.mark.slow
 def test_sharded_lookup_sampling_and_pallas():
     run_cases("lookup_and_sampling")
+
+
+@pytest.mark.slow
+def test_sharded_engine():
+    """The continuous-batching engine on meshes 4x2 and 8x1: greedy requests equal single-device generate."""
+    run_cases("engine")
