@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-import collections
-import threading
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
+import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from infer.engine import Chunk, EngineDead, EngineStats, QueueFull, RequestHandle
+from tests.conftest import REPO_ROOT
 from tests.train_helpers import build_tokenizer
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
@@ -24,6 +30,116 @@ def bpe_tokenizer(path, chat_template: str | None = CHAT_TEMPLATE):
     return tokenizer
 
 
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    target: str
+    draft: str
+
+
+def write_tiny_pair(root: Path, seed: int = 0) -> Pair:
+    """A random float32 Llama (hidden 64, 2 layers, GQA 4/2, no EOS) with the BPE tokenizer and its chat template,
+    and a random LongSpec draft for it. Weights of std 0.3 and norms near 1 keep greedy argmax far from ties."""
+    from longspec_jax import save_draft
+    from longspec_jax.config import TargetConfig
+    from longspec_jax.safetensors_io import save_file
+    from longspec_jax.testing import random_draft
+    from longspec_jax.weights import target_tensor_specs
+
+    target, draft = root / "target", root / "draft"
+    target.mkdir(parents=True)
+    tokenizer = bpe_tokenizer(target)
+    hf = dict(model_type="llama", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+              max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=False)
+    (target / "config.json").write_text(json.dumps(hf))
+    config, rng = TargetConfig.from_hf_dict(hf), np.random.default_rng(seed)
+    save_file({spec.name: ((1.0 if "norm" in spec.name else 0.0) + 0.3 * rng.standard_normal(spec.shape))
+               .astype(np.float32) for spec in target_tensor_specs(config)}, os.fspath(target / "model.safetensors"))
+    save_draft(random_draft(seed, config), draft, target=hf)
+    return Pair(os.fspath(target), os.fspath(draft))
+
+
+class Reference:
+    """Solo plain greedy decoding (``generate``, no draft) of the target in ``path`` in float32, detokenized as the
+    server does; prompts padded to ``pad_to`` tokens, so that every call shares one compiled program."""
+
+    def __init__(self, path: str, max_new: int = 64, pad_to: int = 128):
+        import functools
+
+        import jax.numpy as jnp
+
+        from longspec_jax import load_target
+
+        self.target = load_target(path, dtype=jnp.float32)
+        self.decode = functools.partial(self.target.tokenizer.decode, skip_special_tokens=True)
+        self.max_new, self.pad_to = max_new, pad_to
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.target.tokenizer.encode(text))
+
+    def complete(self, prompt_ids: list[int], n: int) -> tuple[str, str]:
+        """The text of the first ``n`` tokens and the finish reason (``stop`` at EOS, else ``length``)."""
+        from infer.detokenize import IncrementalDetokenizer
+        from infer.generate import generate
+
+        assert n <= self.max_new and len(prompt_ids) <= self.pad_to
+        out = generate(self.target, [prompt_ids], max_new_tokens=self.max_new, temperature=0.0,
+                       pad_prompts_to=self.pad_to)
+        tokens = out.tokens[0, :int(out.num_generated[0])].tolist()
+        detok = IncrementalDetokenizer(self.decode, prompt_ids)
+        text = detok.push(tokens[:n]) + detok.finish()
+        return text, "length" if len(tokens) >= n else "stop"
+
+    def __call__(self, prompt_ids: list[int], n: int) -> str:
+        return self.complete(prompt_ids, n)[0]
+
+
+class ServerProcess:
+    """``python -m infer.serve --port 0 ARGS`` in a subprocess, logging to ``log``; ``url`` once it is ready."""
+
+    def __init__(self, args: list[str], log: Path, timeout: float = 300):
+        self.log = log
+        with open(log, "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "infer.serve", "--host", "127.0.0.1", "--port", "0",
+                                          *args], cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
+        deadline = time.monotonic() + timeout
+        while not (ready := re.search(r"\[infer\.serve\] ready: (http://\S+).*", log.read_text())):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the server did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
+        self.url = ready.group(1)
+        self.ready_line = ready.group(0)
+
+    def metrics(self) -> dict[str, float]:
+        return parse_metrics(httpx.get(self.url + "/metrics", timeout=30).text)
+
+    def wait_idle(self, timeout: float = 30) -> dict[str, float]:
+        """The metrics once no request runs or waits (``AssertionError`` after ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            values = self.metrics()
+            if values["longspec:num_requests_running"] == values["longspec:num_requests_waiting"] == 0:
+                return values
+            assert time.monotonic() < deadline, f"still busy after {timeout} s: {values}"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     """Every sample of a Prometheus exposition by name, labels (if any) appended as ``{k="v",...}``."""
     values = {}
@@ -32,77 +148,3 @@ def parse_metrics(text: str) -> dict[str, float]:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
             values[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
     return values
-
-
-class FakeEngine:
-    """Byte tokens (sum of the prompt + 7 i) mod 256 at T = 0, random at T > 0; 1-3 tokens per step."""
-
-    def __init__(self, config, step_s: float = 0.005):
-        self.config, self.step_s = config, step_s
-        self._waiting: collections.deque = collections.deque()
-        self._running: list = []
-        self._lock = threading.Lock()
-        self._alive, self._stop = False, False
-        self._next_id = 0
-        self.counts = dict(prompt_tokens=0, generation_tokens=0)
-
-    def start(self):
-        self._alive = True
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def submit(self, prompt_ids, params):
-        if not self._alive:
-            raise EngineDead("stopped")
-        if len(prompt_ids) + params.max_tokens > self.config.max_context:
-            raise ValueError("prompt + max_tokens beyond max_context")
-        with self._lock:
-            if len(self._waiting) >= self.config.max_queue:
-                raise QueueFull(f"{len(self._waiting)} waiting")
-            self._next_id += 1
-            handle = RequestHandle(self._next_id, tuple(prompt_ids), params, self)
-            handle._rng = np.random.default_rng(params.seed)
-            self._waiting.append(handle)
-        return handle
-
-    def stats(self):
-        with self._lock:
-            return EngineStats(running=len(self._running), waiting=len(self._waiting), **self.counts)
-
-    @property
-    def alive(self):
-        return self._alive
-
-    def shutdown(self):
-        self._stop = True
-        self._thread.join()
-
-    def _wake(self):
-        pass
-
-    def _loop(self):
-        while not self._stop:
-            with self._lock:
-                while self._waiting and len(self._running) < self.config.max_batch:
-                    handle = self._waiting.popleft()
-                    handle.timings.admitted = time.monotonic()
-                    self.counts["prompt_tokens"] += len(handle.prompt_ids)
-                    self._running.append(handle)
-                for handle in list(self._running):
-                    if handle.cancelled:
-                        handle._push(Chunk((), "abort"))
-                        self._running.remove(handle)
-                        continue
-                    n = min(1 + handle.num_generated % 3, handle.params.max_tokens - handle.num_generated)
-                    base = sum(handle.prompt_ids) + 7 * handle.num_generated
-                    if handle.params.temperature > 0:
-                        tokens = tuple(int(t) for t in handle._rng.integers(32, 127, n))
-                    else:
-                        tokens = tuple((base + 7 * i) % 256 for i in range(n))
-                    done = handle.num_generated + n >= handle.params.max_tokens
-                    self.counts["generation_tokens"] += n
-                    handle._push(Chunk(tokens, "length" if done else None))
-                    if done:
-                        self._running.remove(handle)
-            time.sleep(self.step_s)
-        self._alive = False
