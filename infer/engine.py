@@ -25,6 +25,7 @@ from infer.schedule import EnginePlan, check_request
 from infer.slot_programs import Admitting, Programs
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
+SHRINK_AFTER_STEPS = 16  # decode steps with the used slots in a smaller bucket before the state shrinks to it
 
 
 class QueueFull(RuntimeError):
@@ -188,9 +189,9 @@ class Engine:
         self._rng = np.random.default_rng(seed)
         self._cv = threading.Condition()
         self._waiting: collections.deque[RequestHandle] = collections.deque()
-        self._running: dict[int, RequestHandle] = {}
-        self._free = list(range(config.max_batch))
+        self._running: list[RequestHandle] = []   # request of slot row i, rows [0, n) in use
         self._admitting: Admitting | None = None
+        self._small_steps = 0                      # consecutive steps with the used rows in a smaller bucket
         self._counters = collections.Counter()
         self._next_id = 0
         self._thread: threading.Thread | None = None
@@ -260,7 +261,7 @@ class Engine:
         finally:
             self._stopping = True
             with self._cv:
-                doomed = list(self._waiting) + list(self._running.values())
+                doomed = list(self._waiting) + self._running
                 if self._admitting is not None:
                     doomed.append(self._admitting.handle)
                 self._waiting.clear()
@@ -276,72 +277,93 @@ class Engine:
                 self._waiting.remove(h)
         for h in waiting:
             h._push(Chunk((), "abort"))
-        for slot, h in list(self._running.items()):
-            if h.cancelled:
-                self.programs.deactivate(slot)
-                self._release(slot, Chunk((), "abort"))
+        for row in reversed(range(len(self._running))):
+            if self._running[row].cancelled:
+                self._release(row, Chunk((), "abort"))
         if self._admitting is not None and self._admitting.handle.cancelled:
-            self._free.append(self._admitting.slot)
             self._admitting.handle._push(Chunk((), "abort"))
             self._admitting = None
 
     def _admit_step(self) -> bool:
         """Prefills one chunk of the request being admitted (starting the next waiting one where a slot is free);
-        after its last chunk the request enters its slot and streams its first token. Whether it ran a chunk."""
+        after its last chunk the request enters the next slot row and streams its first token. Whether it ran a
+        chunk."""
         if self._admitting is None:
             with self._cv:
-                if not (self._waiting and self._free):
+                if not (self._waiting and len(self._running) < self.config.max_batch):
                     return False
                 handle = self._waiting.popleft()
             handle.timings.admitted = time.monotonic()
-            self._admitting = Admitting.start_for(handle, self._free.pop(0), self.plan.shapes.base.prefill_chunk)
+            self._admitting = Admitting.start_for(handle, self.plan.shapes.base.prefill_chunk)
         adm = self._admitting
         self.programs.prefill(adm.tokens, adm.start, len(adm.handle.prompt_ids))
         adm.start += self.plan.shapes.base.prefill_chunk
         if adm.start < len(adm.handle.prompt_ids):
             return True
         self._admitting = None
+        row = len(self._running)
+        if row >= self.programs.rows:
+            self.programs.resize(self.plan.bucket(row + 1))
         seed = adm.handle.params.seed
         seed = int(self._rng.integers(2 ** 31)) if seed is None else seed
-        first, active = self.programs.insert(adm.slot, adm.handle.prompt_ids, adm.handle.params, seed,
+        first, active = self.programs.insert(row, adm.handle.prompt_ids, adm.handle.params, seed,
                                              self.plan.stop_ids(adm.handle.params))
         with self._cv:
             self._counters["prompt_tokens"] += len(adm.handle.prompt_ids)
             self._counters["generation_tokens"] += 1
-            self._running[adm.slot] = adm.handle
+            self._running.append(adm.handle)
         if active:
             adm.handle._push(Chunk((first,)))
         else:
-            self._release(adm.slot, Chunk((first,), self._reason(adm.handle, [first])))
+            self._release(row, Chunk((first,), self._reason(adm.handle, [first])))
         return True
 
     def _decode_step(self) -> None:
-        rows = sorted(self._running)
-        handles = [self._running[s] for s in rows]
-        step = self.plan.step_for(handles)
+        handles = list(self._running)
+        n = len(handles)
+        step = self.plan.step_for(handles, self.programs.rows)
         out = self.programs.decode(step)
-        tokens_SxA, emitted_S = np.asarray(out.tokens), np.asarray(out.emitted)
-        active_S, verified_S = np.asarray(out.active), np.asarray(out.verified)
+        tokens_SxA, emitted_S = np.asarray(out.tokens)[:n], np.asarray(out.emitted)[:n]
+        active_S, verified_S = np.asarray(out.active)[:n], np.asarray(out.verified)[:n]
         with self._cv:
-            self._counters["generation_tokens"] += int(emitted_S[rows].sum())
+            self._counters["generation_tokens"] += int(emitted_S.sum())
             if step.speculation is not None:
-                self._counters["spec_rounds"] += int(np.sum(verified_S[rows] > 0))
-                self._counters["drafted_tokens"] += int(np.sum(verified_S[rows] > 0)) * step.drafted_per_row
-                self._counters["accepted_tokens"] += int(np.sum(np.maximum(verified_S[rows] - 1, 0)))
-        for slot, handle in zip(rows, handles):
-            new = [int(t) for t in tokens_SxA[slot, :emitted_S[slot]]]
-            if active_S[slot]:
+                rounds = int(np.sum(verified_S > 0))
+                self._counters["spec_rounds"] += rounds
+                self._counters["drafted_tokens"] += rounds * step.drafted_per_row
+                self._counters["accepted_tokens"] += int(np.sum(np.maximum(verified_S - 1, 0)))
+        finished = []
+        for row, handle in enumerate(handles):
+            new = tuple(int(t) for t in tokens_SxA[row, :emitted_S[row]])
+            if active_S[row]:
                 if new:
-                    handle._push(Chunk(tuple(new)))
+                    handle._push(Chunk(new))
             else:
-                self._release(slot, Chunk(tuple(new), self._reason(handle, new)))
+                finished.append((row, Chunk(new, self._reason(handle, new))))
+        for row, chunk in reversed(finished):  # the last rows first, so that the moved rows are still running
+            self._release(row, chunk)
+        self._shrink_when_idle()
+
+    def _shrink_when_idle(self) -> None:
+        """Moves the state to a smaller batch bucket once the used rows have fitted one for a while and nobody
+        waits (growing is immediate, at admission)."""
+        bucket = self.plan.bucket(max(len(self._running), 1))
+        busy = self._waiting or self._admitting is not None
+        self._small_steps = 0 if bucket >= self.programs.rows or busy else self._small_steps + 1
+        if self._small_steps >= SHRINK_AFTER_STEPS:
+            self.programs.resize(bucket)
+            self._small_steps = 0
 
     def _reason(self, handle: RequestHandle, last_tokens) -> str:
         stops = set(self.plan.stop_ids(handle.params))
         return "stop" if last_tokens and last_tokens[-1] in stops else "length"
 
-    def _release(self, slot: int, chunk: Chunk) -> None:
+    def _release(self, row: int, chunk: Chunk) -> None:
+        """Ends the request of ``row``; the last used row moves into it."""
+        last = len(self._running) - 1
+        self.programs.retire(row, last)
         with self._cv:
-            handle = self._running.pop(slot)
-            self._free.append(slot)
+            handle = self._running[row]
+            self._running[row] = self._running[last]
+            self._running.pop()
         handle._push(chunk)

@@ -58,9 +58,10 @@ def check_request(prompt_ids, params, vocab_size: int, max_context: int, max_sto
     return prompt
 
 
-def batch_buckets(slots: int) -> tuple[int, ...]:
-    """The numbers of active slots the speculation is chosen for: powers of two below ``slots``, and ``slots``."""
-    return tuple(sorted({min(next_pow2(n), slots) for n in range(1, slots + 1)}))
+def batch_buckets(slots: int, multiple: int = 1) -> tuple[int, ...]:
+    """The numbers of slots a decode step runs over: powers of two below ``slots``, and ``slots``, each rounded up
+    to a ``multiple`` (a mesh's data axis)."""
+    return tuple(sorted({round_up(min(next_pow2(n), slots), multiple) for n in range(1, slots + 1)}))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +87,7 @@ class EnginePlan:
     shapes: SlotShapes
     draft: Draft | None
     eos_ids: tuple[int, ...]
+    buckets: tuple[int, ...]
     speculations: dict  # (bucket, greedy) -> Speculation
     settings: dict      # (bucket, greedy) -> SpecSettings | None
     max_stop_tokens: int = MAX_STOP_TOKENS
@@ -108,8 +110,10 @@ class EnginePlan:
             draft = shard_draft(draft, target.mesh)
         impl = resolve_impl(config.attention)
         param_bytes = jnp.dtype(target.dtype).itemsize
+        data = 1 if target.mesh is None else target.mesh.shape[DATA]
+        buckets = batch_buckets(config.max_batch, data)
         speculations, settings = {}, {}
-        for bucket in batch_buckets(config.max_batch):
+        for bucket in buckets:
             for greedy in (True, False):
                 sampling = SamplingConfig(0.0 if greedy else SAMPLED_TEMPERATURE)
                 if draft is None:
@@ -130,26 +134,28 @@ class EnginePlan:
                     for k, s in settings.items()}
         shapes = SlotShapes(base=base, draft=None if draft is None else draft.settings(impl), slots=config.max_batch,
                             pending=pending, stop_width=len(eos_ids) + MAX_STOP_TOKENS,
-                            prefill_rows=1 if target.mesh is None else target.mesh.shape[DATA])
-        return cls(shapes=shapes, draft=draft, eos_ids=eos_ids, speculations=speculations, settings=settings)
+                            prefill_rows=data)
+        return cls(shapes=shapes, draft=draft, eos_ids=eos_ids, buckets=buckets, speculations=speculations,
+                   settings=settings)
 
     def stop_ids(self, params) -> tuple[int, ...]:
         """The tokens that end a request: the target's EOS (unless ``ignore_eos``) and its stop token ids."""
         return (() if params.ignore_eos else self.eos_ids) + tuple(int(t) for t in params.stop_token_ids)
 
-    def step_for(self, handles) -> Step:
-        """The step for these running requests: the speculation of their bucket, greedy when every one is."""
-        bucket = min(next_pow2(len(handles)), self.shapes.slots)
+    def bucket(self, used: int) -> int:
+        """The smallest batch bucket holding ``used`` slots."""
+        return next(b for b in self.buckets if b >= used)
+
+    def step_for(self, handles, rows: int) -> Step:
+        """The step for these running requests in a state of ``rows`` slots: the speculation of that bucket,
+        greedy when every request is."""
         greedy = all(h.params.temperature < MIN_TEMPERATURE for h in handles)
         use_top_p = any(h.params.top_p < 1 for h in handles if h.params.temperature >= MIN_TEMPERATURE)
         return Step(greedy=greedy, use_top_p=use_top_p and not greedy,
-                    speculation=self.speculations[bucket, greedy], settings=self.settings[bucket, greedy])
+                    speculation=self.speculations[rows, greedy], settings=self.settings[rows, greedy])
 
-    def steps(self) -> list[Step]:
-        """Every step compiled ahead: each bucket's, greedy and sampled without top-p (top-p compiles on first
-        use)."""
-        found = {}
-        for (bucket, greedy), spec in self.speculations.items():
-            step = Step(greedy=greedy, use_top_p=False, speculation=spec, settings=self.settings[bucket, greedy])
-            found[step.greedy, step.settings] = step
-        return list(found.values())
+    def steps(self, rows: int) -> list[Step]:
+        """The steps compiled ahead for a state of ``rows`` slots: greedy and sampled without top-p (top-p
+        compiles on first use)."""
+        return [Step(greedy=greedy, use_top_p=False, speculation=self.speculations[rows, greedy],
+                     settings=self.settings[rows, greedy]) for greedy in (True, False)]

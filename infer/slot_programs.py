@@ -12,24 +12,23 @@ import numpy as np
 
 from infer.generate import on_mesh
 from infer.schedule import EnginePlan, Step
-from infer.slots import (Admission, StepOutput, deactivate, empty_prefill_cache, empty_state, insert, plain_step,
-                         prefill_chunk, speculative_step)
+from infer.slots import (Admission, StepOutput, empty_prefill_cache, empty_state, insert, plain_step, prefill_chunk,
+                         retire, speculative_step)
 from longspec_jax.sampling import SamplingConfig
 
 
 @dataclasses.dataclass
 class Admitting:
-    """A request being prefilled into ``slot``, ``chunk`` tokens per call: its prompt right-padded to whole
-    chunks, and where the next chunk starts."""
+    """A request being prefilled, ``chunk`` tokens per call: its prompt right-padded to whole chunks, and where the
+    next chunk starts."""
 
     handle: object
-    slot: int
     tokens: np.ndarray
     start: int = 0
 
     @classmethod
-    def start_for(cls, handle, slot: int, chunk: int) -> "Admitting":
-        return cls(handle=handle, slot=slot, tokens=pad_to_chunks(handle.prompt_ids, chunk))
+    def start_for(cls, handle, chunk: int) -> "Admitting":
+        return cls(handle=handle, tokens=pad_to_chunks(handle.prompt_ids, chunk))
 
 
 def pad_to_chunks(prompt_ids, chunk: int) -> np.ndarray:
@@ -40,24 +39,30 @@ def pad_to_chunks(prompt_ids, chunk: int) -> np.ndarray:
 
 
 class Programs:
-    """The slots' device state and the jitted programs over it."""
+    """The slots' device state and the jitted programs over it. The state holds ``rows`` slots, a batch bucket
+    (:meth:`resize`): the used slots are rows ``[0, n)`` with ``n <= rows``, so a step computes no more rows than
+    its bucket."""
 
     def __init__(self, plan: EnginePlan, target, draft):
         self.plan, self.params, self.mesh = plan, target.params, target.mesh
         self.weights = None if draft is None else draft.weights
         shapes = plan.shapes
         dtype = target.params["embed"].dtype
+        self.rows = plan.buckets[0]
         with on_mesh(self.mesh):
-            self.state = jax.jit(functools.partial(empty_state, shapes, dtype))()
+            self.state = jax.jit(functools.partial(empty_state, shapes, dtype, self.rows))()
             self.prefill_cache = jax.jit(functools.partial(empty_prefill_cache, shapes, dtype))()
+        one = jax.jit(functools.partial(empty_state, shapes, dtype, 1))()
+        self._fill = [np.asarray(x).ravel()[0].item() for x in jax.tree.leaves(one)]  # an empty slot's values
         self._prefill = jax.jit(functools.partial(prefill_chunk, shapes), donate_argnums=(1,))
         self._insert = jax.jit(functools.partial(insert, shapes), donate_argnums=(2,))
-        self._deactivate = jax.jit(deactivate, donate_argnums=(0,))
+        self._retire = jax.jit(retire, donate_argnums=(0,))
+        self._resize = jax.jit(_resize_rows, static_argnums=(1, 2), donate_argnums=(0,))
         self._steps: dict = {}
         self._logits = None
 
     def prefill(self, tokens: np.ndarray, start: int, prompt_len: int) -> None:
-        """Prefills chunk ``[start, start + chunk)`` of a padded prompt into the one-row prefill cache."""
+        """Prefills chunk ``[start, start + chunk)`` of a padded prompt into the prefill cache."""
         chunk = self.plan.shapes.base.prefill_chunk
         with on_mesh(self.mesh):
             self._logits, self.prefill_cache = self._prefill(
@@ -83,9 +88,20 @@ class Programs:
                                              new)
         return int(first), bool(self.state.active[slot])
 
-    def deactivate(self, slot: int) -> None:
+    def retire(self, row: int, last: int) -> None:
+        """Frees ``row``, moving row ``last`` (the last used one) into it."""
         with on_mesh(self.mesh):
-            self.state = self._deactivate(self.state, np.int32(slot))
+            self.state = self._retire(self.state, np.int32(row), np.int32(last))
+
+    def resize(self, rows: int) -> None:
+        """Grows or shrinks the state to ``rows`` slots, keeping the first ones: one array at a time, so that the
+        device holds at most one array twice."""
+        if rows == self.rows:
+            return
+        leaves, treedef = jax.tree.flatten(self.state)
+        with on_mesh(self.mesh):
+            leaves = [self._resize(x, rows, fill) for x, fill in zip(leaves, self._fill)]
+        self.state, self.rows = jax.tree.unflatten(treedef, leaves), rows
 
     def decode(self, step: Step) -> StepOutput:
         """Runs one decode step of every slot."""
@@ -106,12 +122,21 @@ class Programs:
         return self._steps[key]
 
     def warm_up(self) -> None:
-        """Compiles every program by running it on empty slots (leaving them empty)."""
+        """Compiles every program at every batch bucket by running it on empty slots (leaving them empty)."""
         chunk = self.plan.shapes.base.prefill_chunk
         self.prefill(np.zeros(chunk, np.int32), 0, 1)
         probe = dataclasses.make_dataclass("Probe", [("max_tokens", int), ("temperature", float),
                                                      ("top_p", float)])(2, 1.0, 1.0)
-        self.insert(0, [0], probe, 0, [])
-        self.deactivate(0)
-        for step in self.plan.steps():
-            jax.block_until_ready(self.decode(step))
+        for rows in self.plan.buckets:
+            self.resize(rows)
+            self.insert(0, [0], probe, 0, [])
+            self.retire(0, 0)
+            for step in self.plan.steps(rows):
+                jax.block_until_ready(self.decode(step))
+        self.resize(self.plan.buckets[0])
+
+
+def _resize_rows(x_Sx, rows: int, fill):
+    if rows <= x_Sx.shape[0]:
+        return x_Sx[:rows]
+    return jnp.concatenate([x_Sx, jnp.full((rows - x_Sx.shape[0],) + x_Sx.shape[1:], fill, x_Sx.dtype)])

@@ -1,11 +1,12 @@
-"""The engine's device side: a fixed number of slots with preallocated caches, and the jitted programs over them
-(a prefill chunk of one prompt, its insertion into a slot, one decode step of every slot).
+"""The engine's device side: slots with preallocated caches, and the jitted programs over them (a prefill chunk
+of one prompt, its insertion into a slot, one decode step of every slot, the retirement of a slot).
 
 Each slot carries its own sampling (temperature, top-p), stop rules (token ids, most tokens) and random stream,
 as arrays, so one compiled program serves any mix of requests. A decode step is a speculative round
-(:func:`infer.speculative.spec_round`) or a plain step over all slots; free slots ride along inactive, their
-caches untouched. Between steps a slot's state is what :func:`infer.speculative.speculative_start` leaves: the
-target cache holds every token but the pending root, the draft's ring every token but the pending ones.
+(:func:`infer.speculative.spec_round`) or a plain step over all slots; the used slots are rows ``[0, n)``, the
+others ride along inactive with empty caches. Between steps a slot's state is what
+:func:`infer.speculative.speculative_start` leaves: the target cache holds every token but the pending root, the
+draft's ring every token but the pending ones.
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ class SlotShapes:
         return self.draft.config.ring_capacity
 
 
-def empty_state(shapes: SlotShapes, dtype) -> SlotState:
-    config, S = shapes.base.config, shapes.slots
+def empty_state(shapes: SlotShapes, dtype, rows: int) -> SlotState:
+    """``rows`` empty slots."""
+    config, S = shapes.base.config, rows
     ring = None
     if shapes.draft is not None:
         c = shapes.draft.config
@@ -153,8 +155,12 @@ def insert(shapes: SlotShapes, params, weights: DraftWeights | None, state: Slot
     return state, first
 
 
-def deactivate(state: SlotState, slot) -> SlotState:
-    return state.replace(active=state.active.at[slot].set(False))
+def retire(state: SlotState, row, last) -> SlotState:
+    """Frees ``row`` and keeps the used rows contiguous: row ``last`` (the last used one) moves into it, in every
+    array, and is left inactive with an empty cache (so attention skips it)."""
+    moved = jax.tree.map(lambda x_Sx: x_Sx.at[row].set(x_Sx[last]), state)
+    return moved.replace(active=moved.active.at[last].set(False),
+                         cache=moved.cache.replace(lengths=moved.cache.lengths.at[last].set(0)))
 
 
 @struct.dataclass
@@ -222,6 +228,7 @@ def _finish(state: SlotState, cache, ring, pending, num_pending, progress: Progr
     was_active = state.active
     out = StepOutput(tokens=pending, emitted=progress.num_generated - state.generated, active=~progress.done,
                      verified=jnp.where(was_active, num_pending, 0))
+    cache = cache.replace(lengths=jnp.where(progress.done, 0, cache.lengths))  # finished rows: nothing to attend
     return state.replace(cache=cache, ring=ring, pending=pending, num_pending=num_pending, active=~progress.done,
                          generated=progress.num_generated, keys=keys), out
 

@@ -62,6 +62,7 @@ def _run(case: Case, row_sampling=None):
                           draft_sampling=case.draft_sampling)
     plan = Engine(target, draft, config).plan
     programs = Programs(plan, target, plan.draft)
+    programs.resize(SLOTS)
     samples, greedy = [[], []], []
     original = SlotState.row_sampling
     if row_sampling is not None:
