@@ -57,7 +57,7 @@ class Programs:
         self._prefill = jax.jit(functools.partial(prefill_chunk, shapes), donate_argnums=(1,))
         self._insert = jax.jit(functools.partial(insert, shapes), donate_argnums=(2,))
         self._retire = jax.jit(retire, donate_argnums=(0,))
-        self._resize = jax.jit(_resize_rows, static_argnums=(1, 2), donate_argnums=(0,))
+        self._resize = jax.jit(_resize_rows, static_argnums=(1, 2))
         self._steps: dict = {}
         self._logits = None
 
@@ -99,8 +99,10 @@ class Programs:
         if rows == self.rows:
             return
         leaves, treedef = jax.tree.flatten(self.state)
+        self.state = None
         with on_mesh(self.mesh):
-            leaves = [self._resize(x, rows, fill) for x, fill in zip(leaves, self._fill)]
+            for i, fill in enumerate(self._fill):
+                leaves[i] = self._resize(leaves[i], rows, fill)  # the old array is freed here
         self.state, self.rows = jax.tree.unflatten(treedef, leaves), rows
 
     def decode(self, step: Step) -> StepOutput:

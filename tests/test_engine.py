@@ -79,6 +79,20 @@ def test_greedy_requests_equal_generate_alone_while_others_join_and_leave(engine
 
 
 @pytest.mark.slow
+def test_a_long_prompt_is_prefilled_between_decode_steps_and_the_state_shrinks_after_load(engine):
+    running = engine.submit(PROMPTS[0], RequestParams(max_tokens=100, ignore_eos=True))
+    next(iter(running))  # decoding
+    long_prompt = [int(t) for t in RNG.integers(0, TINY.vocab_size, size=CONFIG.max_context - 8)]  # 8 chunks
+    seen_before = running.num_generated
+    late = engine.submit(long_prompt, RequestParams(max_tokens=2, ignore_eos=True))
+    late.result()
+    # one decode step after every prefill chunk: the running stream went on while the prompt was prefilled
+    assert running.num_generated - seen_before >= len(long_prompt) // CONFIG.prefill_chunk
+    assert running.result()[-1] >= 0 and running.finish_reason == "length"
+    assert engine.programs.rows == 1  # alone for more than the shrink delay: back to the one-row bucket
+
+
+@pytest.mark.slow
 def test_greedy_rows_stay_exact_beside_sampled_rows_and_stop_tokens_end_them(engine):
     target = engine.target
     solo = _solo(target, PROMPTS[1], 20)
