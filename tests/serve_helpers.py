@@ -1,11 +1,15 @@
-"""Helpers of the server tests: a tiny model pair on disk, a server process, Prometheus samples."""
+"""Helpers of the server tests: a tiny model pair on disk, a server process shared by the test workers, the
+solo greedy reference, Prometheus samples."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -94,23 +98,77 @@ class Reference:
         return self.complete(prompt_ids, n)[0]
 
 
-class ServerProcess:
-    """``python -m infer.serve --port 0 ARGS`` in a subprocess, logging to ``log``; ``url`` once it is ready."""
+@contextlib.contextmanager
+def locked(path: Path):
+    """An exclusive lock on the file ``path`` across processes (the pytest-xdist workers)."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
-    def __init__(self, args: list[str], log: Path, timeout: float = 300):
-        self.log = log
+
+def shared_pair(root: Path) -> Pair:
+    """The tiny pair in ``root / "pair"``, written by the first worker that asks."""
+    with locked(root / "pair.lock"):
+        if not (root / "pair" / "done").exists():
+            write_tiny_pair(root / "pair")
+            (root / "pair" / "done").touch()
+    return Pair(os.fspath(root / "pair" / "target"), os.fspath(root / "pair" / "draft"))
+
+
+class SharedServer:
+    """``python -m infer.serve --port 0 ARGS``, shared by the pytest-xdist workers of a run through the folder
+    ``root``: the first to open it starts the process, the last to close it stops it. A test holds
+    ``exclusive()`` while it uses the server, since tests read its counters and its load."""
+
+    def __init__(self, root: Path, args: list[str], timeout: float = 600):
+        root.mkdir(parents=True, exist_ok=True)
+        self._root, self._state, self._proc = root, root / "state.json", None
+        with locked(root / "users.lock"):
+            state = json.loads(self._state.read_text()) if self._state.exists() else {"users": 0}
+            if not state["users"]:
+                state = self._start(args, timeout)
+            state["users"] += 1
+            self._state.write_text(json.dumps(state))
+        self.url, self.ready_line, self._pid = state["url"], state["ready_line"], state["pid"]
+
+    def _start(self, args: list[str], timeout: float) -> dict:
+        log = self._root / "server.log"
         with open(log, "w") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "infer.serve", "--host", "127.0.0.1", "--port", "0",
-                                          *args], cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
+            self._proc = subprocess.Popen([sys.executable, "-m", "infer.serve", "--host", "127.0.0.1", "--port", "0",
+                                           *args], cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
         deadline = time.monotonic() + timeout
         while not (ready := re.search(r"\[infer\.serve\] ready: (http://\S+).*", log.read_text())):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self._proc.kill()
                 raise RuntimeError(f"the server did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.2)
-        self.url = ready.group(1)
-        self.ready_line = ready.group(0)
+        return {"users": 0, "url": ready.group(1), "ready_line": ready.group(0), "pid": self._proc.pid}
+
+    def close(self) -> None:
+        with locked(self._root / "users.lock"):
+            state = json.loads(self._state.read_text())
+            state["users"] -= 1
+            self._state.write_text(json.dumps(state))
+            if state["users"]:
+                return
+            if self._proc is None:
+                os.kill(self._pid, signal.SIGTERM)
+                return
+            self._proc.terminate()
+            try:
+                self._proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        with locked(self._root / "use.lock"):
+            yield self
 
     def metrics(self) -> dict[str, float]:
         return parse_metrics(httpx.get(self.url + "/metrics", timeout=30).text)
@@ -124,20 +182,6 @@ class ServerProcess:
                 return values
             assert time.monotonic() < deadline, f"still busy after {timeout} s: {values}"
             time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -143,16 +143,30 @@ PROMPTS = [f"def f_{i}(x):\n    return x {'+-*'[i % 3]} {i * 7}\n" * (1 + i % 3)
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return sh.write_tiny_pair(tmp_path_factory.mktemp("pair"))
+def run_dir(tmp_path_factory, worker_id):
+    """A folder shared by the pytest-xdist workers of this run."""
+    base = tmp_path_factory.getbasetemp()
+    return base if worker_id == "master" else base.parent
 
 
 @pytest.fixture(scope="module")
-def server(pair, tmp_path_factory):
+def pair(run_dir):
+    return sh.shared_pair(run_dir)
+
+
+@pytest.fixture(scope="module")
+def tiny_server(pair, run_dir):
     args = ["--target", pair.target, "--draft", pair.draft, "--dtype", "float32", "--max-batch", str(MAX_BATCH),
             "--max-queue", str(MAX_QUEUE), "--max-context", str(MAX_CONTEXT), "--log-level", "warning"]
-    with sh.ServerProcess(args, tmp_path_factory.mktemp("log") / "server.log") as process:
-        yield process
+    shared = sh.SharedServer(run_dir / "tiny-server", args)
+    yield shared
+    shared.close()
+
+
+@pytest.fixture
+def server(tiny_server):
+    with tiny_server.exclusive():
+        yield tiny_server
 
 
 @pytest.fixture(scope="module")
