@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -26,6 +27,7 @@ from infer.bench.serve_load import (COUNTERS, Level, RequestRecord, counter_delt
                                     parse_metrics, poisson_arrivals, request_bodies, run_levels, static_batch_e2e,
                                     summarize, tau)
 from infer.bench.serve_report import comparisons, markdown, plot
+from infer.main import DEFAULT_MODEL
 
 CHUNK_SIZES = (1, 3, 2)
 
@@ -178,9 +180,13 @@ def test_counters_and_tau():
     assert after[COUNTERS["generation_tokens"]] == 40 and after["other"] == 2  # summed over label sets
     deltas = counter_deltas({COUNTERS["generation_tokens"]: 4.0, COUNTERS["accepted_tokens"]: 3.0}, after)
     assert deltas == dict(generation_tokens=36.0, accepted_tokens=24.0)
-    assert tau(deltas) == 3.0  # 36 tokens in 36 - 24 passes
-    assert tau(dict(generation_tokens=36.0, accepted_tokens=0.0)) == 1.0  # no draft
-    assert tau(dict(generation_tokens=36.0)) is None and tau(dict(generation_tokens=0.0, accepted_tokens=0.0)) is None
+    counts = lambda generated, rounds, accepted: dict(generation_tokens=generated, spec_rounds=rounds,
+                                                      accepted_tokens=accepted)
+    assert tau(counts(36.0, 9.0, 24.0), requests=3) == 3.0  # 36 tokens in 3 prefills + 9 rounds
+    assert tau(counts(40.0, 9.0, 24.0), requests=3) == 2.5  # and 4 plain steps
+    assert tau(counts(30.0, 9.0, 24.0), requests=3) == 2.5  # rounds cut at max_tokens
+    assert tau(dict(generation_tokens=36.0), 3) == tau(counts(36.0, 0.0, 0.0), 3) == 1.0  # no draft
+    assert tau(counts(0.0, 0.0, 0.0), 0) is None and tau({}, 3) is None
 
 
 def test_only_loopback_urls():
@@ -324,3 +330,36 @@ def test_the_benchmark_runs_both_servers(tmp_path, monkeypatch):
 
 if __name__ == "__main__":
     fake_server_main(sys.argv[1:])
+
+
+@pytest.mark.slow
+def test_smoke_run_of_the_real_server(tmp_path):
+    """``python -m infer.bench serve --smoke`` with the baseline: every field, and the output tokens of each level
+    summed over its requests equal to the server's generation-token counter over the level."""
+    if not (DEFAULT_MODEL / "target" / "config.json").is_file():
+        pytest.skip("the embedded default model is absent")
+    argv = ["--out", str(tmp_path), "--smoke", "--baseline", "--baseline-batch", "2", "--ignore-eos",
+            "--request-rates", "8", "--num-requests", "3", "--max-tokens", "6"]
+    run = subprocess.run([sys.executable, "-m", "infer.bench", "serve", *argv], capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads((tmp_path / "bench_serve.json").read_text())
+    for server in ("draft", "plain"):
+        levels = report["servers"][server]["levels"]
+        assert [(lv["kind"], lv["value"]) for lv in levels] == [("concurrency", 1), ("concurrency", 2), ("rate", 8)]
+        for lv in levels:
+            assert (lv["completed"], lv["failed"], lv["timed_out"]) == (3, 0, False)
+            assert lv["output_tokens"] == sum(r["output_tokens"] for r in lv["records"]) == 3 * 6
+            assert lv["counters"]["generation_tokens"] == lv["output_tokens"]
+            for stat in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
+                assert set(lv[stat]) == {"mean", "p50", "p99"} and lv[stat]["p50"] > 0
+            assert lv["request_throughput"] > 0 and lv["output_throughput"] > 0
+        assert all(lv["tau"] == 1.0 for lv in levels) if server == "plain" else all(lv["tau"] >= 1 for lv in levels)
+        base = report["baseline"][server]
+        assert base["single"]["prompts"] == 3 and base["single"]["tpot_s"] > 0 and len(base["batch_seconds"]) == 2
+        assert base["static"]["8"]["e2e_mean_s"] > 0
+    rows = {(r["kind"], r["value"]): r for r in report["comparisons"]}
+    assert set(rows["concurrency", 1]) >= {"throughput_draft_over_plain", "ttft_p50_draft_over_plain",
+                                           "tpot_p50_over_generate_draft", "tpot_p50_over_generate_plain"}
+    assert set(rows["rate", 8]) >= {"e2e_mean_over_static_draft", "e2e_mean_over_static_plain"}
+    assert report["device"] and len(report["plots"]) == 2

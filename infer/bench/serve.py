@@ -50,8 +50,9 @@ from infer.bench.task_data import read_jsonl, repo_completion
 from infer.main import DEFAULT_MODEL, DTYPES, positive_ints_arg, temperature_arg
 
 READY = re.compile(r"\[infer\.serve\] ready: (http://\S+)")
-DEFAULTS = dict(concurrency=(1, 4, 8, 16), num_requests=64, max_tokens=256, bucket="2048-4096", dtype="bfloat16")
-SMOKE = dict(concurrency=(1, 2), num_requests=4, max_tokens=8, bucket="32-64", dtype="float32")
+DEFAULTS = dict(concurrency=(1, 4, 8, 16), num_requests=64, max_tokens=256, bucket="2048-4096", dtype="bfloat16",
+                max_batch=16)
+SMOKE = dict(concurrency=(1, 2), num_requests=4, max_tokens=8, bucket="32-64", dtype="float32", max_batch=2)
 
 
 def rates_arg(text: str) -> tuple[float, ...]:
@@ -219,7 +220,7 @@ def run(args, server_module: str = "infer.serve") -> dict:
                 top_p=args.top_p, ignore_eos=args.ignore_eos, seed=args.seed, rates=args.request_rates,
                 batch=args.baseline_batch)
     first = in_own_process(device_and_baseline, spec)
-    report = dict(first["header"], command=sys.argv, config=config,
+    report = dict(first["header"], config=config,
                   prompt_tokens=[len(p) for p in prompts], baseline=first.get("baseline"), servers={})
     for server in ("draft", "plain"):
         argv = server_argv(args, server, server_module)
@@ -241,8 +242,8 @@ def run(args, server_module: str = "infer.serve") -> dict:
 
 
 def main(argv=None) -> int:
-    p = arg_parser("serve", __doc__, "the embedded default model in float32 on the CPU: concurrency 1,2, 4 requests "
-                                     "of 8 tokens")
+    p = arg_parser("serve", __doc__, "a tiny run: the embedded default model in float32, 2 slots, concurrency 1,2, "
+                                     "4 requests of 8 tokens, prompts cut from the standard library's json package")
     p.add_argument("--target", help="HF directory of the target (default: the embedded default model)")
     p.add_argument("--draft", help="LongSpec draft of --target (default: the embedded default model's)")
     p.add_argument("--repo-docs", help="jsonl of repository documents (repo, text) for the prompts")
@@ -250,24 +251,25 @@ def main(argv=None) -> int:
                        ("num-requests", int, "requests per level"),
                        ("max-tokens", int, "max_tokens of each request"),
                        ("bucket", bucket_arg, "LO-HI: prompt tokens, in (LO, HI]"),
-                       ("dtype", str, f"of the server and the baseline: {' or '.join(DTYPES)}")),
+                       ("dtype", str, f"of the server and the baseline: {' or '.join(DTYPES)}"),
+                       ("max-batch", int, "the server's slots")),
                    DEFAULTS, SMOKE)
     p.add_argument("--request-rates", type=rates_arg, default=(), help="Poisson arrival rates (requests/s), one "
                    "level each; inf: all at once")
-    p.add_argument("--temperature", type=temperature_arg, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--temperature", type=temperature_arg, default=0.0, help="of every request (default 0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="(default 1.0)")
     p.add_argument("--ignore-eos", action="store_true", help="ask for max_tokens tokens whatever the model emits")
-    p.add_argument("--seed", type=int, default=0, help="of the prompts, the arrivals and the requests")
-    p.add_argument("--max-batch", type=int, default=16, help="the server's slots")
+    p.add_argument("--seed", type=int, default=0, help="of the prompts, the arrivals and the requests (default 0)")
     p.add_argument("--max-context", type=int, help="tokens per slot (default: the bucket's top + --max-tokens)")
-    p.add_argument("--max-queue", type=int, default=256, help="the server's waiting requests at most")
+    p.add_argument("--max-queue", type=int, default=256, help="the server's waiting requests at most (default 256)")
     p.add_argument("--warmup", type=int, help="untimed requests sent at once first (default: the largest "
                                               "concurrency level, or --max-batch)")
-    p.add_argument("--deadline", type=float, default=600.0, help="seconds: a level's hard limit")
-    p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds for a server to be ready")
-    p.add_argument("--baseline", action="store_true", help="generate() in-process first: one prompt at a time and "
-                                                           "static batches")
-    p.add_argument("--baseline-batch", type=int, default=8, help="the static batches' size")
+    p.add_argument("--deadline", type=float, default=600.0, help="seconds: a level's hard limit (default 600)")
+    p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds for a server to be ready "
+                   "(default 900)")
+    p.add_argument("--baseline", action="store_true", help="generate() first, in a process of its own: one prompt "
+                                                           "at a time and static batches")
+    p.add_argument("--baseline-batch", type=int, default=8, help="the static batches' size (default 8)")
     args = parse_sized(p, argv, DEFAULTS, SMOKE)
     if isinstance(args.bucket, str):
         args.bucket = bucket_arg(args.bucket)

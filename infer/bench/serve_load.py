@@ -164,14 +164,17 @@ def counter_deltas(before: dict, after: dict) -> dict[str, float]:
     return {key: after[name] - before.get(name, 0.0) for key, name in COUNTERS.items() if name in after}
 
 
-def tau(deltas: dict) -> float | None:
-    """Generated tokens per target pass, as ``generate`` counts it: each pass of a request (its prefill, a
-    speculative round or a plain step) emits one token of its own beyond the accepted draft tokens, so the passes
-    are the generated tokens less the accepted ones (1.0 without a draft); None where the counters are missing."""
-    generated, accepted = deltas.get("generation_tokens"), deltas.get("accepted_tokens")
-    if not generated or accepted is None:
+def tau(deltas: dict, requests: int) -> float | None:
+    """Generated tokens per target pass, as ``generate`` counts it: the passes are each request's prefill, the
+    speculative rounds (per request), and the plain steps a server with a draft may take at some loads (one token
+    each: the tokens the prefills and rounds do not account for; a last round cut at ``max_tokens`` may hide a few
+    of them). 1.0 without a draft; None where the server counted no tokens."""
+    generated = deltas.get("generation_tokens")
+    if not generated:
         return None
-    return generated / (generated - accepted)
+    rounds, accepted = deltas.get("spec_rounds", 0.0), deltas.get("accepted_tokens", 0.0)
+    plain_steps = max(0.0, generated - requests - rounds - accepted)
+    return generated / (requests + rounds + plain_steps)
 
 
 # ------------------------------------------------------------------------------------------------ statistics
@@ -245,7 +248,7 @@ async def run_level(client: httpx.AsyncClient, level: Level, bodies: list[dict],
     summary = summarize(records, max(ends, default=0.0))
     deltas = counter_deltas(before, after)
     drafted = deltas.get("drafted_tokens")
-    return dict(kind=level.kind, value=level.value, **summary, tau=tau(deltas),
+    return dict(kind=level.kind, value=level.value, **summary, tau=tau(deltas, summary["completed"]),
                 acceptance=deltas.get("accepted_tokens", 0.0) / drafted if drafted else None,
                 counters=deltas, deadline_s=deadline_s, timed_out=bool(late),
                 records=[r.as_dict() for r in records])
