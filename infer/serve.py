@@ -70,6 +70,8 @@ def _check_args(args, parser) -> None:
     has_draft = args.draft is not None or not (args.no_draft or args.target or args.tiny_random)
     if args.draft_vocab is not None and not has_draft:
         parser.error("--draft-vocab needs a draft (the draft proposes from it)")
+    if args.draft_vocab not in (None, "full") and not os.path.isfile(args.draft_vocab):
+        parser.error(f"--draft-vocab {args.draft_vocab}: no such file (or 'full')")
 
 
 def load_served(args):

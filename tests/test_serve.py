@@ -111,6 +111,26 @@ def test_requests_beyond_what_is_served_are_refused(body, param):
         _params(CompletionRequest, dict(prompt="hi"), prompt_len=64)
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--no-draft", "--draft", "."], "either --draft or --no-draft"), (["--port", "70000"], "--port"),
+    (["--target", "/no/such/dir"], "no such file"), (["--max-batch", "0"], "positive integer"),
+    (["--tiny-random", "--target", "."], "either --target or --tiny-random")])
+def test_command_line_errors(argv, message, capsys):
+    from infer.serve import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_limits_the_engine_refuses_are_an_error_at_start(capsys):
+    from infer.serve import main
+
+    assert main(["--tiny-random", "--port", "0", "--max-context", "100000"]) == 2
+    assert "max_context 100000 is beyond" in capsys.readouterr().err
+
+
 class _StatsEngine:
     def stats(self):
         return EngineStats(running=2, waiting=1, prompt_tokens=30, generation_tokens=40, spec_rounds=9,
@@ -442,8 +462,9 @@ def test_models_health_and_the_ready_line(server, pair):
 
 @pytest.mark.slow
 def test_health_is_503_once_the_engine_loop_stops_and_a_failing_request_harms_no_other():
-    """In process, with a real engine over a tiny random model: a request whose tokenization raises gets a 500
-    error body while the next is served; after the engine's loop stops, /health and requests answer 503."""
+    """In process, with a real engine over a tiny random model and the byte tokenizer: a request whose
+    tokenization raises gets a 500 error body while the next is served; chat needs a chat template; after the
+    engine's loop stops, /health and requests answer 503."""
     import jax.numpy as jnp
 
     from infer.engine import Engine, EngineConfig
@@ -467,13 +488,15 @@ def test_health_is_503_once_the_engine_loop_stops_and_a_failing_request_harms_no
             failed = await client.post("/v1/completions", json=dict(prompt="boom"))
             served = await client.post("/v1/completions", json=dict(prompt="ok", max_tokens=3, temperature=0))
             healthy = await client.get("/health")
+            no_chat = await client.post("/v1/chat/completions", json=dict(messages=[{"role": "user", "content": "hi"}]))
             engine.shutdown()
-            return failed, served, healthy, await client.get("/health"), await client.post(
+            return failed, served, healthy, no_chat, await client.get("/health"), await client.post(
                 "/v1/completions", json=dict(prompt="ok", max_tokens=3))
 
-    failed, served, healthy, dead, refused = asyncio.run(main())
+    failed, served, healthy, no_chat, dead, refused = asyncio.run(main())
     assert failed.status_code == 500 and failed.json()["error"]["type"] == "InternalServerError"
     assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 3
     assert healthy.status_code == 200
+    assert no_chat.status_code == 400 and "no chat template" in no_chat.json()["error"]["message"]
     assert dead.status_code == 503 and dead.json()["error"]["type"] == "ServiceUnavailableError"
     assert refused.status_code == 503
