@@ -1,4 +1,4 @@
-"""Shared test helpers: tiny seeded Hugging Face models saved as safetensors, and the code-LM fixture path.
+"""Shared test helpers: tiny seeded Hugging Face models saved as safetensors, tiny random targets, prompts.
 
 Everything here runs on the CPU. Tiny models use a large ``initializer_range`` and perturbed norms and biases,
 so that logits are well separated and greedy argmax is never decided by float32 noise.
@@ -21,10 +21,6 @@ import pytest
 jax.config.update("jax_default_matmul_precision", "highest")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# The trained code-LM fixture is looked for beside the repository; its tests skip where it is absent.
-FIXTURE_DIR = (REPO_ROOT / ".." / "shared" / "fixtures" / "code-lm").resolve()
-HAVE_FIXTURE = (FIXTURE_DIR / "config.json").is_file()
-needs_fixture = pytest.mark.skipif(not HAVE_FIXTURE, reason=f"code-LM fixture not found at {FIXTURE_DIR}")
 
 # Small HF configs: vocab 256, hidden 64, 2 layers. Keys are test ids.
 BASE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -1,4 +1,5 @@
-"""The trained code-LM fixture (``../shared/fixtures/code-lm``): loads, tokenizes, generates, matches HF greedy."""
+"""The embedded default model (``infer/default_model/target``, a trained code LM): loads, tokenizes, generates and
+matches HF greedy decoding."""
 
 from __future__ import annotations
 
@@ -10,43 +11,45 @@ import numpy as np
 import pytest
 
 from infer import generate
+from infer.main import DEFAULT_MODEL
 from longspec_jax import load_target
-from tests.conftest import FIXTURE_DIR, needs_fixture
+from longspec_jax.config import TargetConfig
 
-pytestmark = needs_fixture
-
+TARGET_DIR = os.fspath(DEFAULT_MODEL / "target")
 PROMPT = "import os\n\n\ndef read_lines(path):\n    "
 NEW_TOKENS = 32
 
 
 @pytest.fixture(scope="module")
 def target_f32():
-    return load_target(os.fspath(FIXTURE_DIR), dtype=jnp.float32)
+    return load_target(TARGET_DIR, dtype=jnp.float32)
 
 
 @pytest.fixture(scope="module")
 def hf_model():
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(os.fspath(FIXTURE_DIR), dtype="float32").eval()
+    model = AutoModelForCausalLM.from_pretrained(TARGET_DIR, dtype="float32").eval()
     model.generation_config.eos_token_id = None  # fixed-length greedy comparison
     return model
 
 
-def test_config_and_tokenizer(target_f32):
-    c = target_f32.config
+def test_config_and_tokenizer():
+    from transformers import AutoTokenizer
+
+    c = TargetConfig.from_dir(TARGET_DIR)
     assert (c.model_type, c.vocab_size, c.hidden_size, c.num_layers) == ("llama", 16384, 384, 8)
     assert (c.num_heads, c.num_kv_heads, c.head_dim, c.rope.theta) == (6, 2, 64, 1e6)
     assert c.eos_token_ids == (1,)
-    tok = target_f32.tokenizer
-    assert tok is not None
+    tok = AutoTokenizer.from_pretrained(TARGET_DIR)  # as load_target reads it
     ids = tok.encode(PROMPT)
     assert ids and max(ids) < c.vocab_size
     assert tok.decode(ids) == PROMPT
     assert tok.convert_ids_to_tokens([0, 1]) == ["<s>", "</s>"]
 
 
-def test_bf16_load_and_generate(target_f32):
-    target = load_target(os.fspath(FIXTURE_DIR), dtype=jnp.bfloat16)
+@pytest.mark.slow
+def test_bf16_load_and_generate():
+    target = load_target(TARGET_DIR, dtype=jnp.bfloat16)
     assert all(leaf.dtype == jnp.bfloat16 for leaf in jax.tree.leaves(target.params))
     ids = target.tokenizer.encode(PROMPT)
     out = generate(target, [ids], max_new_tokens=16)
@@ -57,6 +60,7 @@ def test_bf16_load_and_generate(target_f32):
     assert isinstance(target.tokenizer.decode(out.tokens[0, :n].tolist()), str)
 
 
+@pytest.mark.slow
 def test_greedy_matches_transformers_float32(target_f32, hf_model):
     import torch
 
@@ -70,9 +74,10 @@ def test_greedy_matches_transformers_float32(target_f32, hf_model):
     assert len(expected) == NEW_TOKENS
     np.testing.assert_array_equal(out.tokens[0], expected)
     text = target_f32.tokenizer.decode(out.tokens[0].tolist())
-    assert text.strip(), "the trained fixture should continue Python code with some text"
+    assert text.strip(), "the trained model should continue Python code with some text"
 
 
+@pytest.mark.slow
 def test_prompt_logits_match_transformers_float32(target_f32, hf_model):
     """Last-token logits of the prompt (our chunked prefill through generate's planner vs HF)."""
     import torch
