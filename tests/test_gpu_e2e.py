@@ -13,6 +13,7 @@ import pytest
 
 from infer import generate
 from infer.bench.near_tie import parting
+from infer.main import DEFAULT_MODEL
 from longspec_jax import load_target
 from longspec_jax.draft import DraftConfig, init_draft
 from tests.spec_helpers import oracle_draft
@@ -20,8 +21,7 @@ from tests.spec_helpers import oracle_draft
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU (JAX_PLATFORMS=cuda)")]
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "fixtures", "code-lm")
-FIXTURE = os.environ.get("LONGSPEC_FIXTURE", FIXTURE)
+TARGET = os.fspath(DEFAULT_MODEL / "target")  # the embedded trained code LM
 PROMPT = '''import os
 import sys
 
@@ -38,11 +38,10 @@ def _check_same_or_near_tie(prompt, ours, ref, target32):
     return p is None
 
 
-@pytest.mark.skipif(not os.path.isdir(FIXTURE), reason="fixture model not present")
 @pytest.mark.parametrize("attention", ["pallas", "auto", "mosaic", "cudnn"])
 def test_bf16_speculative_matches_greedy(attention):
-    target = load_target(FIXTURE, dtype=jnp.bfloat16)
-    target32 = load_target(FIXTURE, dtype=jnp.float32, load_tokenizer=False)
+    target = load_target(TARGET, dtype=jnp.bfloat16)
+    target32 = load_target(TARGET, dtype=jnp.float32, load_tokenizer=False)
     prompt = target.tokenizer(PROMPT)["input_ids"]
     prompts = [prompt, prompt[:20]]
     ref = generate(target, prompts, max_new_tokens=96, eos_token_id=[], attention=attention)
@@ -60,14 +59,13 @@ def test_bf16_speculative_matches_greedy(attention):
     assert exact_rows >= 4  # most rows must match exactly; the rest only at near-ties
 
 
-@pytest.mark.skipif(not os.path.isdir(FIXTURE), reason="fixture model not present")
 @pytest.mark.parametrize("attention", ["pallas", "auto", "mosaic", "cudnn"])
 def test_bf16_speculative_matches_greedy_at_32k(attention):
     """32k tokens of dev-split source (pygments, pyparsing, mpmath on the GPU box) as the prompt."""
     from infer.bench.spec_inputs import dev_prompt_tokens
 
-    target = load_target(FIXTURE, dtype=jnp.bfloat16)
-    target32 = load_target(FIXTURE, dtype=jnp.float32, load_tokenizer=False)
+    target = load_target(TARGET, dtype=jnp.bfloat16)
+    target32 = load_target(TARGET, dtype=jnp.float32, load_tokenizer=False)
     prompt = dev_prompt_tokens(target.tokenizer, 32768)
     ref = generate(target, [prompt], max_new_tokens=128, eos_token_id=[], attention=attention, max_context=40000)
     draft = init_draft(DraftConfig.from_target(target.config), jax.random.PRNGKey(0), dtype=jnp.bfloat16)
