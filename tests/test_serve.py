@@ -500,3 +500,50 @@ def test_health_is_503_once_the_engine_loop_stops_and_a_failing_request_harms_no
     assert no_chat.status_code == 400 and "no chat template" in no_chat.json()["error"]["message"]
     assert dead.status_code == 503 and dead.json()["error"]["type"] == "ServiceUnavailableError"
     assert refused.status_code == 503
+
+
+# ------------------------------------------------------------------------------------------------ the default model
+
+@pytest.fixture(scope="module")
+def default_server(run_dir):
+    """``python -m infer.serve`` without ``--target``: the embedded model and its draft."""
+    args = ["--dtype", "float32", "--max-batch", "2", "--max-context", "512", "--log-level", "warning"]
+    shared = sh.SharedServer(run_dir / "default-server", args)
+    yield shared
+    shared.close()
+
+
+@pytest.mark.slow
+def test_the_embedded_default_model_is_served_with_its_draft(default_server):
+    from infer.main import DEFAULT_MODEL
+
+    reference = sh.Reference(str(DEFAULT_MODEL / "target"))
+    prompts = ["def fibonacci(n):", "import os\n\n\ndef main():\n"]
+
+    async def main():
+        async with _async_client(default_server) as client:
+            whole = client.completions.create(model="longspec-default", prompt=prompts[0], max_tokens=48,
+                                              temperature=0)
+            stream = client.completions.create(model="longspec-default", prompt=prompts[1], max_tokens=48,
+                                               temperature=0, stream=True)
+            whole, stream = await asyncio.gather(whole, stream)
+            text, finish = [], None
+            async for chunk in stream:
+                text.append(chunk.choices[0].text)
+                finish = chunk.choices[0].finish_reason or finish
+            return [(whole.choices[0].text, whole.choices[0].finish_reason), ("".join(text), finish)]
+
+    with default_server.exclusive():
+        before = default_server.wait_idle()
+        served = asyncio.run(main())
+        after = default_server.wait_idle()
+        no_chat = httpx.post(default_server.url + "/v1/chat/completions", timeout=30,
+                             json=dict(messages=[{"role": "user", "content": "hi"}]))
+    for prompt, got in zip(prompts, served):
+        assert got == reference.complete(reference.encode(prompt), 48), prompt
+    assert "model longspec-default" in default_server.ready_line
+    assert str(DEFAULT_MODEL / "draft") in default_server.ready_line
+    delta = lambda name: after[name] - before[name]
+    assert delta("longspec:spec_decode_num_drafts_total") > 0
+    assert delta("longspec:spec_decode_num_accepted_tokens_total") > 0  # the trained draft is right at times
+    assert no_chat.status_code == 400 and "no chat template" in no_chat.json()["error"]["message"]
