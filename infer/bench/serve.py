@@ -42,8 +42,8 @@ import sys
 import time
 from pathlib import Path
 
-from infer.bench.harness import (add_sized_args, arg_parser, finish, log, parse_sized, record_failure, run_header,
-                                 write_report)
+from infer.bench.harness import (add_sized_args, arg_parser, finish, log, median_call, parse_sized, record_failure,
+                                 run_header, write_report)
 from infer.bench.serve_load import Level, loopback_url, poisson_arrivals, request_bodies, run_levels, static_batch_e2e
 from infer.bench.serve_report import comparisons, markdown, plot
 from infer.bench.task_data import read_jsonl, repo_completion
@@ -109,12 +109,6 @@ def load_prompts(args, target_dir: str) -> list[list[int]]:
 
 # ------------------------------------------------------------------------------------------------ the baseline
 
-def _timed(call):
-    start = time.perf_counter()
-    out = call()
-    return time.perf_counter() - start, out
-
-
 def generate_baseline(target, draft, bodies: list[dict], spec: dict) -> dict:
     """``generate()`` on the requests' prompts: one distinct prompt at a time (time per output token after the
     first), and every request in static batches under each rate's arrivals (module docstring)."""
@@ -130,8 +124,8 @@ def generate_baseline(target, draft, bodies: list[dict], spec: dict) -> dict:
     call([distinct[0]["prompt"]], spec["max_tokens"], 0)
     tpots, e2es = [], []
     for body in distinct:
-        first_s, _ = _timed(lambda: call([body["prompt"]], 1, body["seed"]))
-        e2e_s, out = _timed(lambda: call([body["prompt"]], spec["max_tokens"], body["seed"]))
+        first_s, _ = median_call(lambda: call([body["prompt"]], 1, body["seed"]), 1)
+        e2e_s, out = median_call(lambda: call([body["prompt"]], spec["max_tokens"], body["seed"]), 1)
         e2es.append(e2e_s)
         if out.num_generated[0] > 1:
             tpots.append((e2e_s - first_s) / (int(out.num_generated[0]) - 1))
@@ -139,7 +133,8 @@ def generate_baseline(target, draft, bodies: list[dict], spec: dict) -> dict:
     batches = [[b["prompt"] for b in bodies[k:k + size]] for k in range(0, len(bodies), size)]
     batches = [(batch * size)[:size] for batch in batches]  # a short last batch padded with its own prompts
     call(batches[0], spec["max_tokens"], spec["seed"])  # compiles
-    seconds = [_timed(lambda: call(batch, spec["max_tokens"], spec["seed"] + k))[0] for k, batch in enumerate(batches)]
+    seconds = [median_call(lambda: call(batch, spec["max_tokens"], spec["seed"] + k), 1)[0]
+               for k, batch in enumerate(batches)]
     static = {f"{rate:g}": dict(batch=size, e2e_mean_s=float(static_batch_e2e(
         poisson_arrivals(rate, len(bodies), spec["seed"]), seconds, size).mean())) for rate in spec["rates"]}
     return dict(single=dict(prompts=len(distinct), tpot_s=statistics.median(tpots) if tpots else None,
