@@ -46,14 +46,17 @@ class Served:
 
 class Generation:
     """One submitted request: ``pieces()`` yields ``(text, finish_reason)`` for every engine chunk that carries text
-    and for the last; ``completion_tokens`` counts the tokens taken."""
+    and for the last; ``completion_tokens`` counts the tokens taken. ``close()`` (idempotent) cancels the request
+    unless it has ended and records its latencies; ``pieces()`` closes it when it stops, for any reason."""
 
     def __init__(self, handle: RequestHandle, detokenizer: IncrementalDetokenizer, metrics: ServeMetrics):
         self.handle, self.detokenizer, self.metrics = handle, detokenizer, metrics
         self.completion_tokens = 0
+        self.finish_reason: str | None = None
+        self._closed = False
 
     async def pieces(self):
-        finish, last = None, None
+        last = None
         try:
             async for chunk in self.handle:
                 if chunk.token_ids:
@@ -64,22 +67,42 @@ class Generation:
                 self.completion_tokens += len(chunk.token_ids)
                 text = self.detokenizer.push(chunk.token_ids)
                 if self.detokenizer.stopped:
-                    finish = "stop"
+                    self.finish_reason = "stop"
                 elif chunk.finish_reason in ("error", "abort"):
-                    finish = "error"
+                    self.finish_reason = "error"
                     raise APIError(500, f"the engine ended the request ({chunk.finish_reason}): "
                                         f"{self.handle.error or 'no reason given'}")
                 elif chunk.finish_reason is not None:
                     text += self.detokenizer.finish()
-                    finish = "stop" if self.detokenizer.stopped else chunk.finish_reason
-                if text or finish:
-                    yield text, finish
-                if finish:
+                    self.finish_reason = "stop" if self.detokenizer.stopped else chunk.finish_reason
+                if text or self.finish_reason:
+                    yield text, self.finish_reason
+                if self.finish_reason:
                     return
         finally:
-            if not self.handle.done:
-                self.handle.cancel()
-            self.metrics.request_ended(self.handle.timings, finish or "abort")
+            self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self.handle.done:
+            self.handle.cancel()
+        self.metrics.request_ended(self.handle.timings, self.finish_reason or "abort")
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events that close their request however the response ends, even before its first event."""
+
+    def __init__(self, generation: Generation, events):
+        super().__init__(events, media_type="text/event-stream")
+        self.generation = generation
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.generation.close()
 
 
 def _event(body: dict) -> str:
@@ -132,19 +155,19 @@ def build_app(served: Served) -> FastAPI:
     async def respond(request: Request, body, generation: Generation, prompt_len: int, chat: bool):
         responses = Responses(chat, served.model_name)
         if body.stream:
-            return StreamingResponse(_stream(generation, responses, body.include_usage, prompt_len),
-                                     media_type="text/event-stream")
+            return EventStream(generation, _stream(generation, responses, body.include_usage, prompt_len))
         collect = asyncio.ensure_future(_collect(generation))
         gone = asyncio.ensure_future(_client_gone(request))
         try:
             await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
-            collect.cancel()  # no effect once done; else the client is gone: cancelling frees the slot
+            collect.cancel()  # no effect once done
+            generation.close()  # the client is gone (or the request ended): the slot is freed
         if not collect.done():
             return Response(status_code=499)  # nobody reads it
-        text, finish = collect.result()
-        return responses.whole(text, finish, usage(prompt_len, generation.completion_tokens))
+        return responses.whole(collect.result(), generation.finish_reason,
+                               usage(prompt_len, generation.completion_tokens))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -187,12 +210,9 @@ def build_app(served: Served) -> FastAPI:
     return app
 
 
-async def _collect(generation: Generation) -> tuple[str, str]:
-    text, finish = [], None
+async def _collect(generation: Generation) -> str:
     async with contextlib.aclosing(generation.pieces()) as pieces:
-        async for piece, finish in pieces:
-            text.append(piece)
-    return "".join(text), finish
+        return "".join([piece async for piece, _ in pieces])
 
 
 async def _stream(generation: Generation, responses: Responses, include_usage: bool, prompt_len: int):
