@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import re
 import time
 
@@ -163,10 +164,10 @@ PROMPTS = [f"def f_{i}(x):\n    return x {'+-*'[i % 3]} {i * 7}\n" * (1 + i % 3)
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, worker_id):
-    """A folder shared by the pytest-xdist workers of this run."""
+def run_dir(tmp_path_factory):
+    """A folder shared by the pytest-xdist workers of this run (a worker's base folder is one of its children)."""
     base = tmp_path_factory.getbasetemp()
-    return base if worker_id == "master" else base.parent
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @pytest.fixture(scope="module")
