@@ -68,10 +68,12 @@ class RequestParams:
 
 @dataclasses.dataclass(frozen=True)
 class Chunk:
-    """What one decode step gave a request: its new tokens (possibly none) and, on its last chunk, why it ended."""
+    """What one decode step gave a request: its new tokens (possibly none), on its last chunk why it ended, and
+    when the engine handed it over (``time.monotonic()``)."""
 
     token_ids: tuple[int, ...]
     finish_reason: str | None = None
+    emitted_at: float = 0.0
 
 
 @dataclasses.dataclass
@@ -105,13 +107,14 @@ class RequestHandle:
 
     # -------------------------------------------------------------- producer side (the engine's thread)
     def _push(self, chunk: Chunk) -> None:
+        chunk = dataclasses.replace(chunk, emitted_at=time.monotonic())
         with self._lock:
             self.num_generated += len(chunk.token_ids)
             if chunk.token_ids and self.timings.first_token is None:
-                self.timings.first_token = time.monotonic()
+                self.timings.first_token = chunk.emitted_at
             if chunk.finish_reason is not None:
                 self.finish_reason = chunk.finish_reason
-                self.timings.finished = time.monotonic()
+                self.timings.finished = chunk.emitted_at
             self._chunks.append(chunk)
             self._ready.notify_all()
             waiters = list(self._async_waiters)
@@ -171,6 +174,7 @@ class EngineStats:
     waiting: int = 0            # requests queued for a slot
     prompt_tokens: int = 0      # prompt tokens of admitted requests
     generation_tokens: int = 0  # tokens streamed to requests
+    plain_steps: int = 0        # plain decode steps, counted per request row
     spec_rounds: int = 0        # speculative rounds, counted per request row
     drafted_tokens: int = 0     # tree nodes proposed to those rows (beyond the root)
     accepted_tokens: int = 0    # draft tokens accepted by verification
@@ -210,13 +214,17 @@ class Engine:
         self._thread.start()
 
     def submit(self, prompt_ids, params: RequestParams = RequestParams()) -> RequestHandle:
+        """Queues a request. :class:`infer.schedule.RequestError` (a ``ValueError`` naming the problem and its
+        ``param``) for a bad prompt or parameters, or a prompt + ``max_tokens`` beyond ``max_context``;
+        :class:`QueueFull` when ``max_queue`` requests wait beyond the free slots; :class:`EngineDead`."""
         prompt = check_request(prompt_ids, params, self.target.config.vocab_size, self.config.max_context,
                                self.plan.max_stop_tokens)
         with self._cv:
             if not self.alive:
                 raise EngineDead(f"the engine is not running{f': {self.error!r}' if self.error else ''}")
-            if len(self._waiting) >= self.config.max_queue:
-                raise QueueFull(f"the queue is full ({self.config.max_queue} requests waiting)")
+            free = self.config.max_batch - len(self._running) - (self._admitting is not None)
+            if len(self._waiting) - free >= self.config.max_queue:
+                raise QueueFull(f"the queue is full ({self.config.max_queue} requests waiting for a slot)")
             handle = RequestHandle(self._next_id, prompt, params, self)
             self._next_id += 1
             self._waiting.append(handle)
@@ -327,10 +335,12 @@ class Engine:
         active_S, verified_S = np.asarray(out.active)[:n], np.asarray(out.verified)[:n]
         with self._cv:
             self._counters["generation_tokens"] += int(emitted_S.sum())
-            if step.speculation is not None:
-                rounds = int(np.sum(verified_S > 0))
-                self._counters["spec_rounds"] += rounds
-                self._counters["drafted_tokens"] += rounds * step.drafted_per_row
+            passes = int(np.sum(verified_S > 0))  # the rows this step decoded
+            if step.settings is None:
+                self._counters["plain_steps"] += passes
+            else:
+                self._counters["spec_rounds"] += passes
+                self._counters["drafted_tokens"] += passes * step.drafted_per_row
                 self._counters["accepted_tokens"] += int(np.sum(np.maximum(verified_S - 1, 0)))
         finished = []
         for row, handle in enumerate(handles):

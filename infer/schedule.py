@@ -25,36 +25,47 @@ MAX_STOP_TOKENS = 8        # stop token ids a request may give, besides the targ
 SAMPLED_TEMPERATURE = 1.0  # the temperature the speculation of batches with sampled rows is chosen for
 
 
+class RequestError(ValueError):
+    """A request the engine refuses; ``param`` names the offending field (``prompt``, ``max_tokens``, ...)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
 def check_request(prompt_ids, params, vocab_size: int, max_context: int, max_stop_tokens: int) -> tuple[int, ...]:
-    """The prompt as a tuple of ints, or ``ValueError`` naming what is wrong with it or with ``params``."""
+    """The prompt as a tuple of ints, or a :class:`RequestError` naming what is wrong with it or with ``params``."""
     if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__len__") or len(prompt_ids) == 0:
-        raise ValueError("the prompt must be a non-empty list of token ids")
+        raise RequestError("the prompt must be a non-empty list of token ids", "prompt")
     if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt_ids):
-        raise ValueError("the prompt's token ids must be integers")
+        raise RequestError("the prompt's token ids must be integers", "prompt")
     prompt = tuple(int(t) for t in prompt_ids)
     bad = [t for t in prompt if not 0 <= t < vocab_size]
     if bad:
-        raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+        raise RequestError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})", "prompt")
     p = params
     if isinstance(p.max_tokens, bool) or not isinstance(p.max_tokens, (int, np.integer)) or p.max_tokens <= 0:
-        raise ValueError(f"max_tokens must be a positive integer, got {p.max_tokens!r}")
+        raise RequestError(f"max_tokens must be a positive integer, got {p.max_tokens!r}", "max_tokens")
     if not (isinstance(p.temperature, (int, float)) and math.isfinite(p.temperature) and p.temperature >= 0):
-        raise ValueError(f"temperature must be a finite number >= 0, got {p.temperature!r}")
+        raise RequestError(f"temperature must be a finite number >= 0, got {p.temperature!r}", "temperature")
     if not (isinstance(p.top_p, (int, float)) and 0 < p.top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1], got {p.top_p!r}")
+        raise RequestError(f"top_p must be in (0, 1], got {p.top_p!r}", "top_p")
     if p.seed is not None and (isinstance(p.seed, bool) or not isinstance(p.seed, (int, np.integer))
                                or not 0 <= p.seed < 2 ** 32):
-        raise ValueError(f"seed must be an integer in [0, 2**32) or None, got {p.seed!r}")
+        raise RequestError(f"seed must be an integer in [0, 2**32) or None, got {p.seed!r}", "seed")
     if len(p.stop_token_ids) > max_stop_tokens:
-        raise ValueError(f"at most {max_stop_tokens} stop token ids, got {len(p.stop_token_ids)}")
+        raise RequestError(f"at most {max_stop_tokens} stop token ids, got {len(p.stop_token_ids)}",
+                           "stop_token_ids")
     bad = [t for t in p.stop_token_ids if not (isinstance(t, (int, np.integer)) and 0 <= t < vocab_size)]
     if bad:
-        raise ValueError(f"stop token id {bad[0]!r} is outside the vocabulary [0, {vocab_size})")
+        raise RequestError(f"stop token id {bad[0]!r} is outside the vocabulary [0, {vocab_size})",
+                           "stop_token_ids")
     if len(prompt) > max_context:
-        raise ValueError(f"the prompt has {len(prompt)} tokens, more than the context capacity of {max_context}")
+        raise RequestError(f"the prompt has {len(prompt)} tokens, more than the context capacity of {max_context}",
+                           "prompt")
     if len(prompt) + p.max_tokens > max_context:
-        raise ValueError(f"the prompt's {len(prompt)} tokens + max_tokens {p.max_tokens} exceed the context "
-                         f"capacity of {max_context} tokens")
+        raise RequestError(f"the prompt's {len(prompt)} tokens + max_tokens {p.max_tokens} exceed the context "
+                           f"capacity of {max_context} tokens", "max_tokens")
     return prompt
 
 
@@ -155,7 +166,7 @@ class EnginePlan:
                     speculation=self.speculations[rows, greedy], settings=self.settings[rows, greedy])
 
     def steps(self, rows: int) -> list[Step]:
-        """The steps compiled ahead for a state of ``rows`` slots: greedy and sampled without top-p (top-p
-        compiles on first use)."""
-        return [Step(greedy=greedy, use_top_p=False, speculation=self.speculations[rows, greedy],
-                     settings=self.settings[rows, greedy]) for greedy in (True, False)]
+        """Every step a state of ``rows`` slots may run: greedy, and sampled with and without the top-p filter."""
+        return [Step(greedy=greedy, use_top_p=use_top_p, speculation=self.speculations[rows, greedy],
+                     settings=self.settings[rows, greedy])
+                for greedy, use_top_p in ((True, False), (False, False), (False, True))]

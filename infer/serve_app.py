@@ -148,8 +148,8 @@ def build_app(served: Served) -> FastAPI:
             raise APIError(429, f"the server is busy: its queue is full ({e}); retry later") from None
         except EngineDead as e:
             raise APIError(503, f"the engine has stopped: {e}") from None
-        except ValueError as e:
-            raise APIError(400, str(e)) from None
+        except ValueError as e:  # the engine's RequestError names the field
+            raise APIError(400, str(e), getattr(e, "param", None)) from None
         return Generation(handle, IncrementalDetokenizer(served.decode, prompt_ids, body.stop_strings), metrics)
 
     async def respond(request: Request, body, generation: Generation, prompt_len: int, chat: bool):

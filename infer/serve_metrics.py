@@ -19,6 +19,7 @@ GAUGES = (("longspec:num_requests_running", "Requests holding a slot.", "running
           ("longspec:num_requests_waiting", "Requests queued for a slot.", "waiting"))
 COUNTERS = (("longspec:prompt_tokens", "Prompt tokens of admitted requests.", "prompt_tokens"),
             ("longspec:generation_tokens", "Tokens generated and streamed to requests.", "generation_tokens"),
+            ("longspec:plain_decode_steps", "Plain decode steps, counted per request.", "plain_steps"),
             ("longspec:spec_decode_num_drafts", "Speculative rounds, counted per request.", "spec_rounds"),
             ("longspec:spec_decode_num_draft_tokens", "Draft tokens proposed to verification.", "drafted_tokens"),
             ("longspec:spec_decode_num_accepted_tokens", "Draft tokens accepted by verification.",

@@ -180,12 +180,10 @@ def test_counters_and_tau():
     assert after[COUNTERS["generation_tokens"]] == 40 and after["other"] == 2  # summed over label sets
     deltas = counter_deltas({COUNTERS["generation_tokens"]: 4.0, COUNTERS["accepted_tokens"]: 3.0}, after)
     assert deltas == dict(generation_tokens=36.0, accepted_tokens=24.0)
-    counts = lambda generated, rounds, accepted: dict(generation_tokens=generated, spec_rounds=rounds,
-                                                      accepted_tokens=accepted)
-    assert tau(counts(36.0, 9.0, 24.0), requests=3) == 3.0  # 36 tokens in 3 prefills + 9 rounds
-    assert tau(counts(40.0, 9.0, 24.0), requests=3) == 2.5  # and 4 plain steps
-    assert tau(counts(30.0, 9.0, 24.0), requests=3) == 2.5  # rounds cut at max_tokens
-    assert tau(dict(generation_tokens=36.0), 3) == tau(counts(36.0, 0.0, 0.0), 3) == 1.0  # no draft
+    counts = lambda generated, rounds, plain: dict(generation_tokens=generated, spec_rounds=rounds, plain_steps=plain)
+    assert tau(counts(36.0, 9.0, 0.0), requests=3) == 3.0  # 36 tokens in 3 prefills + 9 rounds
+    assert tau(counts(40.0, 9.0, 4.0), requests=3) == 2.5  # and 4 plain steps
+    assert tau(dict(generation_tokens=36.0, plain_steps=33.0), 3) == 1.0  # no draft: a prefill and plain steps
     assert tau(counts(0.0, 0.0, 0.0), 0) is None and tau({}, 3) is None
 
 

@@ -163,7 +163,9 @@ def test_plain_engine_equals_generate_and_a_dead_loop_refuses_requests():
     handles = [engine.submit(p, RequestParams(max_tokens=12, ignore_eos=True)) for p in PROMPTS[:5]]
     for prompt, h in zip(PROMPTS, handles):
         assert h.result() == _solo(target, prompt, 12)
-    assert engine.stats().spec_rounds == 0 and engine.stats().generation_tokens == 60
+    stats = engine.stats()
+    assert stats.spec_rounds == 0 and stats.generation_tokens == 60
+    assert stats.plain_steps == 5 * 11  # every token after a request's first comes from a plain step
 
     def broken(step):
         raise RuntimeError("device lost")

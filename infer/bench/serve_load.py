@@ -166,15 +166,12 @@ def counter_deltas(before: dict, after: dict) -> dict[str, float]:
 
 def tau(deltas: dict, requests: int) -> float | None:
     """Generated tokens per target pass, as ``generate`` counts it: the passes are each request's prefill, the
-    speculative rounds (per request), and the plain steps a server with a draft may take at some loads (one token
-    each: the tokens the prefills and rounds do not account for; a last round cut at ``max_tokens`` may hide a few
-    of them). 1.0 without a draft; None where the server counted no tokens."""
+    speculative rounds and the plain steps (both counted per request). 1.0 without a draft; None where the server
+    counted no tokens."""
     generated = deltas.get("generation_tokens")
     if not generated:
         return None
-    rounds, accepted = deltas.get("spec_rounds", 0.0), deltas.get("accepted_tokens", 0.0)
-    plain_steps = max(0.0, generated - requests - rounds - accepted)
-    return generated / (requests + rounds + plain_steps)
+    return generated / (requests + deltas.get("spec_rounds", 0.0) + deltas.get("plain_steps", 0.0))
 
 
 # ------------------------------------------------------------------------------------------------ statistics
