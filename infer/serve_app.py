@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import time
 from collections.abc import Callable, Sequence
 
 from fastapi import FastAPI, Request
@@ -59,11 +58,10 @@ class Generation:
         last = None
         try:
             async for chunk in self.handle:
-                if chunk.token_ids:
-                    now = time.monotonic()
+                if chunk.token_ids:  # the gap between the engine's hand-overs, not between our reads
                     if last is not None:
-                        self.metrics.inter_token_latency.observe(now - last)
-                    last = now
+                        self.metrics.inter_token_latency.observe(chunk.emitted_at - last)
+                    last = chunk.emitted_at
                 self.completion_tokens += len(chunk.token_ids)
                 text = self.detokenizer.push(chunk.token_ids)
                 if self.detokenizer.stopped:
