@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefill-chunk", type=_positive_int, default=512, metavar="C",
                         help="prompt tokens prefilled per engine step")
     parser.add_argument("--dtype", choices=DTYPES, default="bfloat16")
+    parser.add_argument("--tensor-parallel", type=_positive_int, default=1, metavar="N",
+                        help="shard the target over the first N devices (a mesh's model axis; 1: one device)")
     parser.add_argument("--seed", type=int, default=0, metavar="S",
                         help="the engine's seed (requests without a seed draw from it)")
     parser.add_argument("--served-model-name", metavar="NAME",
@@ -84,6 +86,8 @@ def load_served(args):
     dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}[args.dtype]
     target_dir, draft_dir = model_dirs(args)
     target, tokenizer, where = _load(args, target_dir, dtype)
+    if args.tensor_parallel > 1:
+        target = _sharded(target, args.tensor_parallel)
     draft = load_draft_arg(draft_dir, target, args.draft_vocab, prog="infer.serve") if draft_dir else None
     name = args.served_model_name or ("tiny-random" if target_dir is None else
                                       "longspec-default" if args.target is None else Path(target_dir).name)
@@ -96,8 +100,20 @@ def load_served(args):
     served = Served(engine=engine, tokenizer=tokenizer, decode=decode, model_name=name,
                     max_context=args.max_context, vocab_size=target.config.vocab_size)
     summary = (f"model {name} ({where}, {args.dtype}), max-batch {args.max_batch}, max-context {args.max_context}, "
-               f"draft {draft_dir or 'none'}")
+               f"draft {draft_dir or 'none'}, tensor-parallel {args.tensor_parallel}")
     return served, summary
+
+
+def _sharded(target, devices: int):
+    """The target sharded over the first ``devices`` devices (tensor parallel, :mod:`longspec_jax.mesh`)."""
+    import jax
+
+    from longspec_jax import make_mesh, shard_target
+
+    available = jax.devices()
+    if devices > len(available):
+        raise ValueError(f"--tensor-parallel {devices}: only {len(available)} devices here")
+    return shard_target(target, make_mesh(devices, 1, available[:devices]))
 
 
 def _listen(host: str, port: int) -> socket.socket:

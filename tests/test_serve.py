@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from infer.detokenize import IncrementalDetokenizer
 from infer.engine import EngineStats
+from infer.generate import generate
 from infer.main import ByteTokenizer
 from infer.openai_api import APIError, ChatCompletionRequest, CompletionRequest
 from infer.serve_metrics import ServeMetrics
@@ -548,3 +549,24 @@ def test_the_embedded_default_model_is_served_with_its_draft(default_server):
     assert delta("longspec:spec_decode_num_drafts_total") > 0
     assert delta("longspec:spec_decode_num_accepted_tokens_total") > 0  # the trained draft is right at times
     assert no_chat.status_code == 400 and "no chat template" in no_chat.json()["error"]["message"]
+
+
+@pytest.mark.slow
+def test_a_target_sharded_over_two_devices_is_served_as_on_one(tmp_path, monkeypatch):
+    import jax.numpy as jnp
+
+    from infer.main import tiny_random_target
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    served = sh.SharedServer(tmp_path, ["--tiny-random", "--tensor-parallel", "2", "--dtype", "float32",
+                                        "--max-batch", "2", "--max-context", "64", "--prefill-chunk", "16"])
+    try:
+        assert "tensor-parallel 2" in served.ready_line
+        prompt = [5, 17, 99, 3, 42]
+        body = dict(model="tiny-random", prompt=prompt, max_tokens=12, temperature=0, ignore_eos=True)
+        text = httpx.post(served.url + "/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
+        target, tokenizer = tiny_random_target(jnp.float32)
+        out = generate(target, [prompt], max_new_tokens=12, eos_token_id=[])
+        assert text == tokenizer.decode(out.tokens[0, :out.num_generated[0]].tolist())
+    finally:
+        served.close()
