@@ -203,13 +203,13 @@ class Engine:
         self.error: BaseException | None = None
 
     # ---------------------------------------------------------------------------------------------- public
-    def start(self) -> None:
+    def start(self, progress=None) -> None:
         """Allocates the slots, compiles every program ahead (by running it once on empty slots), then starts the
-        loop thread."""
+        loop thread. ``progress(message)``, where given, hears how the compilation goes."""
         if self._thread is not None:
             raise RuntimeError("the engine is already started")
         self.programs = Programs(self.plan, self.target, self._draft)
-        self.programs.warm_up()
+        self.programs.warm_up(progress)
         self._thread = threading.Thread(target=self._loop, name="longspec-engine", daemon=True)
         self._thread.start()
 

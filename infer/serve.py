@@ -94,7 +94,7 @@ def load_served(args):
     config = EngineConfig(max_batch=args.max_batch, max_context=args.max_context, max_queue=args.max_queue,
                           prefill_chunk=args.prefill_chunk)
     engine = Engine(target, draft, config, seed=args.seed)
-    engine.start()
+    engine.start(progress=lambda message: print(f"[infer.serve] {message}", file=sys.stderr, flush=True))
     decode = (tokenizer.decode if isinstance(tokenizer, ByteTokenizer)
               else functools.partial(tokenizer.decode, skip_special_tokens=True))
     served = Served(engine=engine, tokenizer=tokenizer, decode=decode, model_name=name,

@@ -123,13 +123,16 @@ class Programs:
             self._steps[key] = jax.jit(fun, donate_argnums=(2,))
         return self._steps[key]
 
-    def warm_up(self) -> None:
-        """Compiles every program at every batch bucket by running it on empty slots (leaving them empty)."""
+    def warm_up(self, progress=None) -> None:
+        """Compiles every program at every batch bucket by running it on empty slots (leaving them empty);
+        ``progress(message)``, where given, hears of each bucket as it starts."""
         chunk = self.plan.shapes.base.prefill_chunk
         self.prefill(np.zeros(chunk, np.int32), 0, 1)
         probe = dataclasses.make_dataclass("Probe", [("max_tokens", int), ("temperature", float),
                                                      ("top_p", float)])(2, 1.0, 1.0)
-        for rows in self.plan.buckets:
+        for i, rows in enumerate(self.plan.buckets):
+            if progress is not None:
+                progress(f"compiling the programs of {rows} slot(s) (bucket {i + 1} of {len(self.plan.buckets)})")
             self.resize(rows)
             self.insert(0, [0], probe, 0, [])
             self.retire(0, 0)
