@@ -16,7 +16,7 @@ import numpy as np
 
 from infer.decoding import DecodeSettings, StopCriteria
 from infer.lookup import LookupSettings, PromptLookup, lookup_generate
-from infer.phases import CallPhases, first_token_only, phase_records, timed
+from infer.phases import CallPhases, collecting, first_token_only, phase_records, timed
 from infer.plain import plain_generate
 from infer.speculation import Speculation, choose, sampling_kind
 from infer.speculative import SPECULATIVE_OPTIONS, SpecSettings, sampled_tree_acceptance, speculative_generate
@@ -134,12 +134,8 @@ def recording_program_memory():
     """Within it, each ``generate()`` call also appends its compiled program's peak device bytes to the yielded
     list (None where the backend gives no analysis): XLA's memory analysis of the whole call (weights, prompts,
     caches, temporaries, outputs). Unlike the device's peak counter, it is per program and needs no reset."""
-    records: list[int] = []
-    token = _memory_records.set(records)
-    try:
+    with collecting(_memory_records) as records:
         yield records
-    finally:
-        _memory_records.reset(token)
 
 
 def _call_loop(loop: str, reproducible: bool, *args, **static):

@@ -110,11 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m infer.main", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--target", metavar="DIR",
-                        help="HF Llama/Qwen2 directory (config.json + *.safetensors [+ tokenizer]); default: the "
-                             "embedded default model, with its draft")
-    parser.add_argument("--tiny-random", action="store_true",
-                        help="use a tiny random Llama built in memory (byte tokenizer) instead of --target")
+    add_model_args(parser)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", metavar="TEXT", help="the prompt text")
     source.add_argument("--prompt-file", metavar="F", help="read the prompt from this file ('-' for stdin)")
@@ -124,22 +120,49 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", type=_top_p, default=1.0, metavar="P")
     parser.add_argument("--seed", type=int, default=0, metavar="S")
     parser.add_argument("--dtype", choices=DTYPES, default="bfloat16")
-    parser.add_argument("--draft", metavar="DIR",
-                        help="LongSpec draft (speculative decoding); default: the embedded default model's draft "
-                             "when --target is not given")
-    parser.add_argument("--no-draft", action="store_true", help="plain decoding with the default model")
     parser.add_argument("--tree-shape", type=tree_shape_arg, default=None, metavar="C0,C1,...",
                         help="speculative tree: nodes per level (with a draft; default: chosen per call)")
     parser.add_argument("--draft-sampling", choices=DRAFT_SAMPLING, default=None,
                         help="with a draft: the draft's top-k beams, or a tree sampled from it (--temperature > 0) "
                              "without replacement or as top tokens plus one draw (default: chosen per call)")
-    parser.add_argument("--draft-vocab", metavar="FILE|full",
-                        help="with --draft: propose only from the sorted token ids of this .npy file (a draft "
-                             "vocabulary), or from the full vocabulary despite the draft's own draft_vocab.npy")
     parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     parser.add_argument("--repeat", type=_non_negative_int, default=0, metavar="N",
                         help="after the first (compiling) call, time N more calls without printing")
     return parser
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """The flags that choose the models (``python -m infer.main`` and ``python -m infer.serve``)."""
+    parser.add_argument("--target", metavar="DIR",
+                        help="HF Llama/Qwen2 directory (config.json + *.safetensors [+ tokenizer]); default: the "
+                             "embedded default model, with its draft")
+    parser.add_argument("--tiny-random", action="store_true",
+                        help="use a tiny random Llama built in memory (byte tokenizer) instead of --target")
+    parser.add_argument("--draft", metavar="DIR",
+                        help="LongSpec draft (speculative decoding); default: the embedded default model's draft "
+                             "when --target is not given")
+    parser.add_argument("--no-draft", action="store_true", help="plain decoding with the default model")
+    parser.add_argument("--draft-vocab", metavar="FILE|full",
+                        help="with a draft: propose only from the sorted token ids of this .npy file (a draft "
+                             "vocabulary), or from the full vocabulary despite the draft's own draft_vocab.npy")
+
+
+def check_model_args(args, parser: argparse.ArgumentParser) -> bool:
+    """Refuses contradictory or missing model flags (``parser.error``); whether a draft will run."""
+    if args.draft is not None and not os.path.exists(args.draft):
+        parser.error(f"--draft {args.draft}: no such file or directory")
+    if args.no_draft and args.draft is not None:
+        parser.error("give either --draft or --no-draft, not both")
+    has_draft = args.draft is not None or not (args.no_draft or args.target or args.tiny_random)
+    if args.draft_vocab is not None and not has_draft:
+        parser.error("--draft-vocab needs a draft (the draft proposes from it)")
+    if args.draft_vocab not in (None, "full") and not os.path.isfile(args.draft_vocab):
+        parser.error(f"--draft-vocab {args.draft_vocab}: no such file (or 'full')")
+    if args.tiny_random and args.target is not None:
+        parser.error("give either --target or --tiny-random, not both")
+    if args.target is not None and not os.path.isdir(args.target):
+        parser.error(f"--target {args.target}: not a directory")
+    return has_draft
 
 
 def tiny_random_target(dtype, seed: int = 0):
@@ -226,21 +249,9 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     prompt = _read_prompt(args, parser)
-    if args.draft is not None and not os.path.exists(args.draft):
-        parser.error(f"--draft {args.draft}: no such file or directory")
-    if args.no_draft and args.draft is not None:
-        parser.error("give either --draft or --no-draft, not both")
-    has_draft = args.draft is not None or not (args.no_draft or args.target or args.tiny_random)
+    has_draft = check_model_args(args, parser)
     if args.draft_sampling and not has_draft:
         parser.error("--draft-sampling needs a draft (the draft samples the tree)")
-    if args.draft_vocab is not None and not has_draft:
-        parser.error("--draft-vocab needs a draft (the draft proposes from it)")
-    if args.draft_vocab not in (None, "full") and not os.path.isfile(args.draft_vocab):
-        parser.error(f"--draft-vocab {args.draft_vocab}: no such file (or 'full')")
-    if args.tiny_random and args.target is not None:
-        parser.error("give either --target or --tiny-random, not both")
-    if args.target is not None and not os.path.isdir(args.target):
-        parser.error(f"--target {args.target}: not a directory")
 
     import jax.numpy as jnp
 

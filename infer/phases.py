@@ -37,12 +37,20 @@ def timing_phases():
     program ahead of time (later calls reuse it), runs it twice with the stop limit set to one token, streaming
     nothing (the first run is not timed: it loads the program), then runs it as asked (the call's output and
     stream)."""
-    records: list[CallPhases] = []
-    token = _records.set(records)
+    with collecting(_records) as records:
+        yield records
+
+
+@contextlib.contextmanager
+def collecting(records_var: contextvars.ContextVar):
+    """Sets ``records_var`` to a new list for the duration, and yields it (the recording contexts of
+    ``generate()``)."""
+    records: list = []
+    token = records_var.set(records)
     try:
         yield records
     finally:
-        _records.reset(token)
+        records_var.reset(token)
 
 
 def phase_records() -> list[CallPhases] | None:

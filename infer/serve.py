@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import os
 import socket
 import sys
 from pathlib import Path
 
-from infer.main import (DTYPES, ByteTokenizer, _checked, _load, _positive_int, load_draft_arg, model_dirs)
+from infer.main import (DTYPES, ByteTokenizer, _checked, _load, _positive_int, add_model_args, check_model_args,
+                        load_draft_arg, model_dirs)
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 _port = _checked(int, "a port number", lambda v: 0 <= v < 65536, "in [0, 65535] (0: a free port)")
@@ -28,18 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m infer.serve", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--target", metavar="DIR",
-                        help="HF Llama/Qwen2 directory (config.json + *.safetensors [+ tokenizer]); default: the "
-                             "embedded default model, with its draft")
-    parser.add_argument("--tiny-random", action="store_true",
-                        help="serve a tiny random Llama built in memory (byte tokenizer) instead of --target")
-    parser.add_argument("--draft", metavar="DIR",
-                        help="LongSpec draft (speculative decoding); default: the embedded default model's draft "
-                             "when --target is not given")
-    parser.add_argument("--no-draft", action="store_true", help="plain decoding with the default model")
-    parser.add_argument("--draft-vocab", metavar="FILE|full",
-                        help="with a draft: propose only from the sorted token ids of this .npy file, or from the "
-                             "full vocabulary despite the draft's own draft_vocab.npy")
+    add_model_args(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=_port, default=8000, help="0: a free port, named in the ready line")
     parser.add_argument("--max-batch", type=_positive_int, default=4, metavar="N",
@@ -59,21 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the model's name in the API (default: the target directory's name)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="uvicorn's log level")
     return parser
-
-
-def _check_args(args, parser) -> None:
-    if args.no_draft and args.draft is not None:
-        parser.error("give either --draft or --no-draft, not both")
-    if args.tiny_random and args.target is not None:
-        parser.error("give either --target or --tiny-random, not both")
-    for flag, path in (("--target", args.target), ("--draft", args.draft)):
-        if path is not None and not os.path.exists(path):
-            parser.error(f"{flag} {path}: no such file or directory")
-    has_draft = args.draft is not None or not (args.no_draft or args.target or args.tiny_random)
-    if args.draft_vocab is not None and not has_draft:
-        parser.error("--draft-vocab needs a draft (the draft proposes from it)")
-    if args.draft_vocab not in (None, "full") and not os.path.isfile(args.draft_vocab):
-        parser.error(f"--draft-vocab {args.draft_vocab}: no such file (or 'full')")
 
 
 def load_served(args):
@@ -143,7 +117,7 @@ def run_server(app, sock: socket.socket, summary: str, log_level: str) -> None:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _check_args(args, parser)
+    check_model_args(args, parser)
     try:
         sock = _listen(args.host, args.port)
     except OSError as e:
