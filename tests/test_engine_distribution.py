@@ -21,7 +21,7 @@ from tests.test_speculative_sampling import (ALPHA, EOS, MAX_NEW, PROMPTS, SAMPL
                                              _models, _pvalues)
 
 SLOTS = 4096
-SAMPLES = 8192   # test rows, alternating between the prompts
+SAMPLES = 4096   # test rows, alternating between the prompts
 # Slot s runs (prompt, temperature, top_p) = ROLES[s % 4]: two test rows at the case's sampling, then a greedy row
 # and a row at T = 0.5 as neighbours.
 NEIGHBOURS = ((0, 0.0, 1.0), (1, 0.5, 1.0))
