@@ -134,6 +134,7 @@ class EnginePlan:
                               None if greedy else sampling_kind(config.draft_sampling), param_bytes=param_bytes,
                               draft_vocab_size=draft.vocab_size(tc.vocab_size))
                 speculations[bucket, greedy] = spec
+                # the tree and the draft's settings; the shapes of its base are the engine's (below)
                 settings[bucket, greedy] = None if spec.tree_shape is None else plan_speculative(
                     target, draft, 1, 1, sampling, spec.tree_shape, chunk, impl, spec.draft_sampling or False)
         pending = max([s.tree.max_accept for s in settings.values() if s is not None], default=1)

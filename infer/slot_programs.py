@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -70,8 +71,8 @@ class Programs:
                 np.int32(prompt_len - 1))
 
     def insert(self, slot: int, prompt_ids, params, seed: int, stop_ids) -> tuple[int, bool]:
-        """Moves the prefilled prompt into ``slot`` with its request's settings; the first token, and whether the
-        slot goes on decoding."""
+        """Moves the prefilled prompt into ``slot`` with its request's settings (``params``: ``max_tokens``,
+        ``temperature``, ``top_p``); the first token, and whether the slot goes on decoding."""
         shapes = self.plan.shapes
         width = shapes.window if shapes.draft is not None else 1
         window = np.zeros((1, width), np.int32)
@@ -128,8 +129,7 @@ class Programs:
         ``progress(message)``, where given, hears of each bucket as it starts."""
         chunk = self.plan.shapes.base.prefill_chunk
         self.prefill(np.zeros(chunk, np.int32), 0, 1)
-        probe = dataclasses.make_dataclass("Probe", [("max_tokens", int), ("temperature", float),
-                                                     ("top_p", float)])(2, 1.0, 1.0)
+        probe = types.SimpleNamespace(max_tokens=2, temperature=1.0, top_p=1.0)
         for i, rows in enumerate(self.plan.buckets):
             if progress is not None:
                 progress(f"compiling the programs of {rows} slot(s) (bucket {i + 1} of {len(self.plan.buckets)})")
