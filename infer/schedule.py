@@ -12,7 +12,7 @@ import numpy as np
 from infer.decoding import DecodeSettings
 from infer.generate import CAPACITY_ALIGN, plan_speculative
 from infer.slots import SlotShapes
-from infer.speculation import Speculation, choose, sampling_kind
+from infer.speculation import choose, sampling_kind
 from infer.speculative import SpecSettings
 from longspec_jax.attention import resolve_impl
 from longspec_jax.draft import Draft
@@ -69,6 +69,11 @@ def check_request(prompt_ids, params, vocab_size: int, max_context: int, max_sto
     return prompt
 
 
+def step_sampling(greedy: bool) -> SamplingConfig:
+    """Greedy, or the temperature the speculation of batches with sampled rows is chosen for."""
+    return SamplingConfig(0.0 if greedy else SAMPLED_TEMPERATURE)
+
+
 def batch_buckets(slots: int, multiple: int = 1) -> tuple[int, ...]:
     """The numbers of slots a decode step runs over: powers of two below ``slots``, and ``slots``, each rounded up
     to a ``multiple`` (a mesh's data axis)."""
@@ -77,13 +82,17 @@ def batch_buckets(slots: int, multiple: int = 1) -> tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """A compiled decode step: a speculative round (``settings``) or a plain one (``speculation`` None), greedy
+    """A compiled decode step: a speculative round (``settings``) or a plain one (``settings`` None), greedy
     for every row or per-row sampling (with the top-p filter compiled in or not)."""
 
     greedy: bool
     use_top_p: bool
-    speculation: Speculation | None
     settings: SpecSettings | None
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The static sampling of its programs: greedy, or the temperature that marks per-row sampling."""
+        return step_sampling(self.greedy)
 
     @property
     def drafted_per_row(self) -> int:
@@ -99,7 +108,7 @@ class EnginePlan:
     draft: Draft | None
     eos_ids: tuple[int, ...]
     buckets: tuple[int, ...]
-    speculations: dict  # (bucket, greedy) -> Speculation
+    speculations: dict  # (bucket, greedy) -> Speculation: what was chosen, and why
     settings: dict      # (bucket, greedy) -> SpecSettings | None
     max_stop_tokens: int = MAX_STOP_TOKENS
 
@@ -126,7 +135,7 @@ class EnginePlan:
         speculations, settings = {}, {}
         for bucket in buckets:
             for greedy in (True, False):
-                sampling = SamplingConfig(0.0 if greedy else SAMPLED_TEMPERATURE)
+                sampling = step_sampling(greedy)
                 if draft is None:
                     speculations[bucket, greedy], settings[bucket, greedy] = None, None
                     continue
@@ -163,11 +172,9 @@ class EnginePlan:
         greedy when every request is."""
         greedy = all(h.params.temperature < MIN_TEMPERATURE for h in handles)
         use_top_p = any(h.params.top_p < 1 for h in handles if h.params.temperature >= MIN_TEMPERATURE)
-        return Step(greedy=greedy, use_top_p=use_top_p and not greedy,
-                    speculation=self.speculations[rows, greedy], settings=self.settings[rows, greedy])
+        return Step(greedy=greedy, use_top_p=use_top_p and not greedy, settings=self.settings[rows, greedy])
 
     def steps(self, rows: int) -> list[Step]:
         """Every step a state of ``rows`` slots may run: greedy, and sampled with and without the top-p filter."""
-        return [Step(greedy=greedy, use_top_p=use_top_p, speculation=self.speculations[rows, greedy],
-                     settings=self.settings[rows, greedy])
+        return [Step(greedy=greedy, use_top_p=use_top_p, settings=self.settings[rows, greedy])
                 for greedy, use_top_p in ((True, False), (False, False), (False, True))]

@@ -15,7 +15,6 @@ from infer.generate import on_mesh
 from infer.schedule import EnginePlan, Step
 from infer.slots import (Admission, StepOutput, empty_prefill_cache, empty_state, insert, plain_step, prefill_chunk,
                          retire, speculative_step)
-from longspec_jax.sampling import SamplingConfig
 
 
 @dataclasses.dataclass
@@ -115,9 +114,8 @@ class Programs:
     def _step(self, step: Step):
         key = (step.greedy, step.use_top_p, step.settings)
         if key not in self._steps:
-            sampling = SamplingConfig(0.0 if step.greedy else 1.0)
             if step.settings is None:
-                base = dataclasses.replace(self.plan.shapes.base, sampling=sampling)
+                base = dataclasses.replace(self.plan.shapes.base, sampling=step.sampling)
                 fun = functools.partial(plain_step, base, self.plan.shapes.draft, step.use_top_p)
             else:
                 fun = functools.partial(speculative_step, step.settings, step.use_top_p)

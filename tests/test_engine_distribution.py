@@ -42,7 +42,7 @@ def _batch(programs: Programs, plan, case: Case, seed: int) -> list[list[int]]:
             if prompt_index == p:
                 params = RequestParams(max_tokens=MAX_NEW, temperature=temperature, top_p=top_p)
                 programs.insert(slot, prompt, params, seed * SLOTS + slot, [EOS])
-    step = Step(greedy=False, use_top_p=case.top_p < 1, speculation=None, settings=plan.settings[SLOTS, False])
+    step = Step(greedy=False, use_top_p=case.top_p < 1, settings=plan.settings[SLOTS, False])
     tokens = [[] for _ in range(SLOTS)]
     firsts = np.asarray(programs.state.pending[:, 0])
     for slot in range(SLOTS):
