@@ -41,7 +41,8 @@ class EngineConfig:
     """``max_batch`` slots, each holding up to ``max_context`` tokens (prompt + output); ``max_queue`` waiting
     requests at most; prompts prefilled ``prefill_chunk`` tokens at a time between decode steps. With a draft,
     ``tree_shape`` and ``draft_sampling`` fix the speculation as in ``generate()`` (``None``: chosen per load;
-    ``draft_sampling`` applies to batches with sampled rows)."""
+    ``draft_sampling`` applies to batches with sampled rows). ``reproducible``: compiled with ``generate()``'s
+    reproducible XLA options (the same tokens in every process, and as ``generate()``'s default)."""
 
     max_batch: int = 4
     max_context: int = 4096
@@ -50,6 +51,7 @@ class EngineConfig:
     attention: str = "auto"
     tree_shape: tuple[int, ...] | None = None
     draft_sampling: bool | str | None = None
+    reproducible: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,7 +210,7 @@ class Engine:
         loop thread. ``progress(message)``, where given, hears how the compilation goes."""
         if self._thread is not None:
             raise RuntimeError("the engine is already started")
-        self.programs = Programs(self.plan, self.target, self._draft)
+        self.programs = Programs(self.plan, self.target, self._draft, self.config.reproducible)
         self.programs.warm_up(progress)
         self._thread = threading.Thread(target=self._loop, name="longspec-engine", daemon=True)
         self._thread.start()

@@ -3,18 +3,20 @@ loop thread: a prefill chunk, an insertion, a decode step (one per :class:`infer
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
+import os
 import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from infer.generate import on_mesh
+from infer.generate import compile_options, on_mesh
 from infer.schedule import EnginePlan, Step
-from infer.slots import (Admission, StepOutput, empty_prefill_cache, empty_state, insert, plain_step, prefill_chunk,
-                         retire, speculative_step)
+from infer.slots import (Admission, StepOutput, empty_prefill_cache, empty_state, insert, pin, plain_step,
+                         prefill_chunk, retire, speculative_step)
 
 
 @dataclasses.dataclass
@@ -39,12 +41,14 @@ def pad_to_chunks(prompt_ids, chunk: int) -> np.ndarray:
 
 
 class Programs:
-    """The slots' device state and the jitted programs over it. The state holds ``rows`` slots, a batch bucket
+    """The slots' device state and the compiled programs over it. The state holds ``rows`` slots, a batch bucket
     (:meth:`resize`): the used slots are rows ``[0, n)`` with ``n <= rows``, so a step computes no more rows than
-    its bucket."""
+    its bucket. The insertion, retirement and decode steps are compiled once per bucket (:meth:`warm_up` compiles
+    them all ahead), with the XLA options of ``generate()`` (``reproducible``: the same tokens in every process)."""
 
-    def __init__(self, plan: EnginePlan, target, draft):
+    def __init__(self, plan: EnginePlan, target, draft, reproducible: bool = True):
         self.plan, self.params, self.mesh = plan, target.params, target.mesh
+        self._options = {loop: compile_options(loop, reproducible) or None for loop in ("plain", "speculative")}
         self.weights = None if draft is None else draft.weights
         shapes = plan.shapes
         dtype = target.params["embed"].dtype
@@ -54,12 +58,35 @@ class Programs:
             self.prefill_cache = jax.jit(functools.partial(empty_prefill_cache, shapes, dtype))()
         one = jax.jit(functools.partial(empty_state, shapes, dtype, 1))()
         self._fill = [np.asarray(x).ravel()[0].item() for x in jax.tree.leaves(one)]  # an empty slot's values
-        self._prefill = jax.jit(functools.partial(prefill_chunk, shapes), donate_argnums=(1,))
-        self._insert = jax.jit(functools.partial(insert, shapes), donate_argnums=(2,))
-        self._retire = jax.jit(retire, donate_argnums=(0,))
-        self._resize = jax.jit(_resize_rows, static_argnums=(1, 2))
-        self._steps: dict = {}
+        self._prefill = self._jit(functools.partial(prefill_chunk, shapes), donate_argnums=(1,))
+        self._resize = self._jit(_resize_rows, static_argnums=(1, 2))
+        self._jitted = {"insert": self._jit(functools.partial(insert, shapes), donate_argnums=(2,)),
+                        "retire": self._jit(retire, donate_argnums=(0,))}
+        self._executables: dict = {}  # (program, rows) -> compiled
         self._logits = None
+
+    def _jit(self, fun, loop: str = "plain", **kwargs):
+        """``fun`` jitted with the XLA options ``generate()`` compiles its ``loop`` with."""
+        return jax.jit(fun, compiler_options=self._options[loop], **kwargs)
+
+    def _lower(self, program, state, *args):
+        """Program ``program`` (``insert``, ``retire`` or a :class:`Step`) lowered for ``state`` (arrays or their
+        shapes) and the rest of its arguments."""
+        if program == "insert":
+            return self._jitted[program].lower(self.params, self.weights, state, *args)
+        if program == "retire":
+            return self._jitted[program].lower(state, *args)
+        return self._step(program).lower(self.params, self.weights, state)
+
+    def _run(self, program, *args):
+        """Runs ``program`` on the current state, compiling it for the state's rows the first time."""
+        key = (program, self.rows)
+        with on_mesh(self.mesh):
+            if key not in self._executables:
+                self._executables[key] = self._lower(program, self.state, *args).compile()
+            if program == "retire":
+                return self._executables[key](self.state, *args)
+            return self._executables[key](self.params, self.weights, self.state, *args)
 
     def prefill(self, tokens: np.ndarray, start: int, prompt_len: int) -> None:
         """Prefills chunk ``[start, start + chunk)`` of a padded prompt into the prefill cache."""
@@ -72,6 +99,11 @@ class Programs:
     def insert(self, slot: int, prompt_ids, params, seed: int, stop_ids) -> tuple[int, bool]:
         """Moves the prefilled prompt into ``slot`` with its request's settings (``params``: ``max_tokens``,
         ``temperature``, ``top_p``); the first token, and whether the slot goes on decoding."""
+        self.state, first = self._run("insert", self.prefill_cache, self._logits,
+                                      self._admission(slot, prompt_ids, params, seed, stop_ids))
+        return int(first), bool(self.state.active[slot])
+
+    def _admission(self, slot: int, prompt_ids, params, seed: int, stop_ids) -> Admission:
         shapes = self.plan.shapes
         width = shapes.window if shapes.draft is not None else 1
         window = np.zeros((1, width), np.int32)
@@ -79,19 +111,14 @@ class Programs:
         window[0, width - len(tail):] = tail
         stops = np.full(shapes.stop_width, -1, np.int32)
         stops[:len(stop_ids)] = stop_ids
-        new = Admission(slot=np.int32(slot), prompt_len=np.int32(len(prompt_ids)), window_1xW=jnp.asarray(window),
-                        max_new=np.int32(params.max_tokens), stop_ids_E=jnp.asarray(stops),
-                        temperature=np.float32(params.temperature), top_p=np.float32(params.top_p),
-                        seed=np.uint32(seed))
-        with on_mesh(self.mesh):
-            self.state, first = self._insert(self.params, self.weights, self.state, self.prefill_cache, self._logits,
-                                             new)
-        return int(first), bool(self.state.active[slot])
+        return Admission(slot=np.int32(slot), prompt_len=np.int32(len(prompt_ids)), window_1xW=jnp.asarray(window),
+                         max_new=np.int32(params.max_tokens), stop_ids_E=jnp.asarray(stops),
+                         temperature=np.float32(params.temperature), top_p=np.float32(params.top_p),
+                         seed=np.uint32(seed))
 
     def retire(self, row: int, last: int) -> None:
         """Frees ``row``, moving row ``last`` (the last used one) into it."""
-        with on_mesh(self.mesh):
-            self.state = self._retire(self.state, np.int32(row), np.int32(last))
+        self.state = self._run("retire", np.int32(row), np.int32(last))
 
     def resize(self, rows: int) -> None:
         """Grows or shrinks the state to ``rows`` slots, keeping the first ones: one array at a time, so that the
@@ -107,30 +134,30 @@ class Programs:
 
     def decode(self, step: Step) -> StepOutput:
         """Runs one decode step of every slot."""
-        with on_mesh(self.mesh):
-            self.state, out = self._step(step)(self.params, self.weights, self.state)
+        self.state, out = self._run(step)
         return out
 
+    @functools.cache
     def _step(self, step: Step):
-        key = (step.greedy, step.use_top_p, step.settings)
-        if key not in self._steps:
-            if step.settings is None:
-                base = dataclasses.replace(self.plan.shapes.base, sampling=step.sampling)
-                fun = functools.partial(plain_step, base, self.plan.shapes.draft, step.use_top_p)
-            else:
-                fun = functools.partial(speculative_step, step.settings, step.use_top_p)
-            self._steps[key] = jax.jit(fun, donate_argnums=(2,))
-        return self._steps[key]
+        """The jitted decode step."""
+        if step.settings is None:
+            base = dataclasses.replace(self.plan.shapes.base, sampling=step.sampling)
+            fun, loop = functools.partial(plain_step, base, self.plan.shapes.draft, step.use_top_p), "plain"
+        else:
+            fun, loop = functools.partial(speculative_step, step.settings, step.use_top_p), "speculative"
+        return self._jit(fun, loop, donate_argnums=(2,))
 
-    def warm_up(self, progress=None) -> None:
-        """Compiles every program at every batch bucket by running it on empty slots (leaving them empty);
-        ``progress(message)``, where given, hears of each bucket as it starts."""
+    def warm_up(self, progress=None, threads: int | None = None) -> None:
+        """Compiles every program of every batch bucket, ``threads`` compilations at a time (default: one per CPU
+        core), then runs each once on empty slots (leaving them empty), which loads them. ``progress(message)``,
+        where given, hears how it goes."""
         chunk = self.plan.shapes.base.prefill_chunk
         self.prefill(np.zeros(chunk, np.int32), 0, 1)
         probe = types.SimpleNamespace(max_tokens=2, temperature=1.0, top_p=1.0)
-        for i, rows in enumerate(self.plan.buckets):
-            if progress is not None:
-                progress(f"compiling the programs of {rows} slot(s) (bucket {i + 1} of {len(self.plan.buckets)})")
+        self._compile_ahead(probe, progress, threads or os.cpu_count() or 1)
+        if progress is not None:
+            progress("loading the programs")
+        for rows in self.plan.buckets:
             self.resize(rows)
             self.insert(0, [0], probe, 0, [])
             self.retire(0, 0)
@@ -138,8 +165,27 @@ class Programs:
                 jax.block_until_ready(self.decode(step))
         self.resize(self.plan.buckets[0])
 
+    def _compile_ahead(self, probe, progress, threads: int) -> None:
+        """Lowers the insertion, retirement and decode steps of every bucket on the shapes of a state of its rows,
+        and compiles them side by side (XLA compiles outside Python's lock)."""
+        lowered = {}
+        row = np.int32(0)
+        with on_mesh(self.mesh):
+            for rows in self.plan.buckets:
+                state = jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows,) + x.shape[1:], x.dtype,
+                                                                    sharding=x.sharding), self.state)
+                lowered["insert", rows] = self._lower("insert", state, self.prefill_cache, self._logits,
+                                                      self._admission(0, [0], probe, 0, []))
+                lowered["retire", rows] = self._lower("retire", state, row, row)
+                for step in self.plan.steps(rows):
+                    lowered[step, rows] = self._lower(step, state)
+        if progress is not None:
+            progress(f"compiling {len(lowered)} programs, {min(threads, len(lowered))} at a time")
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            self._executables.update(zip(lowered, pool.map(lambda program: program.compile(), lowered.values())))
+
 
 def _resize_rows(x_Sx, rows: int, fill):
     if rows <= x_Sx.shape[0]:
-        return x_Sx[:rows]
-    return jnp.concatenate([x_Sx, jnp.full((rows - x_Sx.shape[0],) + x_Sx.shape[1:], fill, x_Sx.dtype)])
+        return pin(x_Sx[:rows])
+    return pin(jnp.concatenate([x_Sx, jnp.full((rows - x_Sx.shape[0],) + x_Sx.shape[1:], fill, x_Sx.dtype)]))

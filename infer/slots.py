@@ -22,6 +22,7 @@ from infer.plain import decode_step
 from infer.speculative import SpecSettings, SpecState, spec_round
 from longspec_jax.draft import DraftSettings, DraftWeights, draft_prefill_window, pending_kv
 from longspec_jax.kv_cache import KVCache, RingCache, init_cache
+from longspec_jax.mesh import HEADS, ROWS, constrain
 from longspec_jax.sampling import RowSampling, select_tokens, split
 from longspec_jax.target import forward, lm_head_logits
 from longspec_jax.tree import RANK_SLOTS
@@ -75,14 +76,24 @@ def empty_state(shapes: SlotShapes, dtype, rows: int) -> SlotState:
     if shapes.draft is not None:
         c = shapes.draft.config
         ring = RingCache.empty(S, c.ring_capacity, c.num_kv_heads, c.head_dim, shapes.draft.dtype)
-    return SlotState(cache=init_cache(config.num_layers, S, shapes.base.capacity, config.num_kv_heads,
+    return pinned(SlotState(cache=init_cache(config.num_layers, S, shapes.base.capacity, config.num_kv_heads,
                                       config.head_dim, dtype),
                      ring=ring, pending=jnp.zeros((S, shapes.pending), jnp.int32),
                      num_pending=jnp.ones((S,), jnp.int32), active=jnp.zeros((S,), bool),
                      generated=jnp.zeros((S,), jnp.int32), max_new=jnp.zeros((S,), jnp.int32),
                      stop_ids=jnp.full((S, shapes.stop_width), -1, jnp.int32),
                      temperature=jnp.zeros((S,), jnp.float32), top_p=jnp.ones((S,), jnp.float32),
-                     keys=jnp.zeros((S, 2), jnp.uint32))
+                     keys=jnp.zeros((S, 2), jnp.uint32)))
+
+
+def pin(x_Sx: jax.Array) -> jax.Array:
+    """A state array laid out as every program takes it, on a mesh: rows over the data axis (and K/V heads over
+    the model axis), so that a compiled program's output is its next call's input."""
+    return constrain(x_Sx, HEADS if x_Sx.ndim == 4 else ROWS)
+
+
+def pinned(state: SlotState) -> SlotState:
+    return jax.tree.map(pin, state)
 
 
 def empty_prefill_cache(shapes: SlotShapes, dtype) -> KVCache:
@@ -152,15 +163,15 @@ def insert(shapes: SlotShapes, params, weights: DraftWeights | None, state: Slot
                           stop_ids=state.stop_ids.at[s].set(new.stop_ids_E),
                           temperature=state.temperature.at[s].set(new.temperature),
                           top_p=state.top_p.at[s].set(new.top_p), keys=state.keys.at[s].set(key))
-    return state, first
+    return pinned(state), first
 
 
 def retire(state: SlotState, row, last) -> SlotState:
     """Frees ``row`` and keeps the used rows contiguous: row ``last`` (the last used one) moves into it, in every
     array, and is left inactive with an empty cache (so attention skips it)."""
     moved = jax.tree.map(lambda x_Sx: x_Sx.at[row].set(x_Sx[last]), state)
-    return moved.replace(active=moved.active.at[last].set(False),
-                         cache=moved.cache.replace(lengths=moved.cache.lengths.at[last].set(0)))
+    return pinned(moved.replace(active=moved.active.at[last].set(False),
+                                cache=moved.cache.replace(lengths=moved.cache.lengths.at[last].set(0))))
 
 
 @struct.dataclass
@@ -229,6 +240,6 @@ def _finish(state: SlotState, cache, ring, pending, num_pending, progress: Progr
     out = StepOutput(tokens=pending, emitted=progress.num_generated - state.generated, active=~progress.done,
                      verified=jnp.where(was_active, num_pending, 0))
     cache = cache.replace(lengths=jnp.where(progress.done, 0, cache.lengths))  # finished rows: nothing to attend
-    return state.replace(cache=cache, ring=ring, pending=pending, num_pending=num_pending, active=~progress.done,
-                         generated=progress.num_generated, keys=keys), out
+    return pinned(state.replace(cache=cache, ring=ring, pending=pending, num_pending=num_pending,
+                                active=~progress.done, generated=progress.num_generated, keys=keys)), out
 

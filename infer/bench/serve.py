@@ -17,8 +17,9 @@ Per level (``infer.bench.serve_load``): completed requests, request and output-t
 (E2E - TTFT over output tokens - 1), ITL (between chunks) and E2E as mean, p50 and p99, output tokens from the
 usage chunk, and tau (tokens per target pass) from the server's ``/metrics`` counters before and after.
 
-``--baseline``: first, in a process of its own (so it never shares the accelerator with a server), ``generate()``
-on the same prompts with the draft and without: one prompt at a time (time per output token: the call less a
+``--servers`` picks the servers (default both). ``--baseline``: first, in a process of its own (so it never shares
+the accelerator with a server), ``generate()`` on the same prompts with the draft and without (those of
+``--servers``): one prompt at a time (time per output token: the call less a
 one-token call, over tokens - 1) and in static batches of ``--baseline-batch`` (a batch starts once its requests
 have arrived under a rate's Poisson arrivals and the previous batch has ended; the batches run one after another,
 so their measured times give every request's E2E). Prompts are padded to the bucket's top (one compiled program).
@@ -45,7 +46,7 @@ from pathlib import Path
 from infer.bench.harness import (add_sized_args, arg_parser, finish, log, median_call, parse_sized, record_failure,
                                  run_header, write_report)
 from infer.bench.serve_load import Level, loopback_url, poisson_arrivals, request_bodies, run_levels, static_batch_e2e
-from infer.bench.serve_report import comparisons, markdown, plot
+from infer.bench.serve_report import SERVERS, comparisons, markdown, plot
 from infer.bench.task_data import read_jsonl, repo_completion
 from infer.main import DEFAULT_MODEL, DTYPES, positive_ints_arg, temperature_arg
 
@@ -64,6 +65,15 @@ def rates_arg(text: str) -> tuple[float, ...]:
     if any(r <= 0 for r in rates):
         raise argparse.ArgumentTypeError(f"request rates must be > 0, got {text!r}")
     return rates
+
+
+def servers_arg(text: str) -> tuple[str, ...]:
+    """Comma-separated servers among ``draft`` and ``plain``."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in SERVERS]
+    if unknown or not names or len(set(names)) < len(names):
+        raise argparse.ArgumentTypeError(f"expected distinct names among {', '.join(SERVERS)}, got {text!r}")
+    return names
 
 
 def counts_arg(text: str) -> tuple[int, ...]:
@@ -155,6 +165,8 @@ def device_and_baseline(spec: dict) -> dict:
         draft = load_draft(spec["draft"], target)
         result["baseline"] = {}
         for server, pair_draft in (("draft", draft), ("plain", None)):
+            if server not in spec["servers"]:
+                continue
             log(f"baseline: generate() {'with the draft' if pair_draft else 'without a draft'}")
             result["baseline"][server] = generate_baseline(target, pair_draft, spec["bodies"], spec)
     return result
@@ -213,11 +225,11 @@ def run(args, server_module: str = "infer.serve") -> dict:
     spec = dict(baseline=args.baseline, target=target_dir, draft=draft_dir, dtype=args.dtype, bodies=bodies,
                 prompts=len(prompts), bucket=args.bucket, max_tokens=args.max_tokens, temperature=args.temperature,
                 top_p=args.top_p, ignore_eos=args.ignore_eos, seed=args.seed, rates=args.request_rates,
-                batch=args.baseline_batch)
+                batch=args.baseline_batch, servers=args.servers)
     first = in_own_process(device_and_baseline, spec)
     report = dict(first["header"], config=config,
                   prompt_tokens=[len(p) for p in prompts], baseline=first.get("baseline"), servers={})
-    for server in ("draft", "plain"):
+    for server in args.servers:
         argv = server_argv(args, server, server_module)
         record = report["servers"][server] = dict(argv=argv, levels=[])
         log(f"server {server}: {' '.join(argv)}")
@@ -262,6 +274,8 @@ def main(argv=None) -> int:
     p.add_argument("--deadline", type=float, default=600.0, help="seconds: a level's hard limit (default 600)")
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds for a server to be ready "
                    "(default 900)")
+    p.add_argument("--servers", type=servers_arg, default=SERVERS, help="which servers run, in this order: draft "
+                   "(with the draft), plain (--no-draft); default: both")
     p.add_argument("--baseline", action="store_true", help="generate() first, in a process of its own: one prompt "
                                                            "at a time and static batches")
     p.add_argument("--baseline-batch", type=int, default=8, help="the static batches' size (default 8)")
