@@ -295,8 +295,8 @@ class Engine:
             self._admitting = None
 
     def _admit_step(self) -> bool:
-        """Prefills one chunk of the request being admitted (starting the next waiting one where a slot is free);
-        after its last chunk the request enters the next slot row and streams its first token. Whether it ran a
+        """Prefills one piece of the request being admitted (starting the next waiting one where a slot is free);
+        after its last piece the request enters the next slot row and streams its first token. Whether it ran a
         chunk."""
         if self._admitting is None:
             with self._cv:
@@ -306,9 +306,9 @@ class Engine:
             handle.timings.admitted = time.monotonic()
             self._admitting = Admitting.start_for(handle, self.plan.shapes.base.prefill_chunk)
         adm = self._admitting
-        self.programs.prefill(adm.tokens, adm.start, len(adm.handle.prompt_ids))
-        adm.start += self.plan.shapes.base.prefill_chunk
-        if adm.start < len(adm.handle.prompt_ids):
+        tokens_C, start = adm.next_piece()
+        self.programs.prefill(tokens_C, start, len(adm.handle.prompt_ids))
+        if not adm.finished:
             return True
         self._admitting = None
         row = len(self._running)

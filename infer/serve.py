@@ -17,6 +17,7 @@ import socket
 import sys
 from pathlib import Path
 
+from infer.generate import DEFAULT_PREFILL_CHUNK
 from infer.main import (DTYPES, ByteTokenizer, _checked, _load, _positive_int, add_model_args, check_model_args,
                         load_draft_arg, model_dirs)
 
@@ -37,8 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tokens per request, prompt and output together")
     parser.add_argument("--max-queue", type=_positive_int, default=64, metavar="Q",
                         help="requests waiting for a slot at most; more are answered 429")
-    parser.add_argument("--prefill-chunk", type=_positive_int, default=512, metavar="C",
-                        help="prompt tokens prefilled per engine step")
+    parser.add_argument("--prefill-chunk", type=_positive_int, default=DEFAULT_PREFILL_CHUNK, metavar="C",
+                        help="prompt tokens prefilled per engine step (a power of two; a prompt's last piece may be "
+                             "a half or a quarter of it): larger is faster, and delays the running streams longer")
     parser.add_argument("--dtype", choices=DTYPES, default="bfloat16")
     parser.add_argument("--tensor-parallel", type=_positive_int, default=1, metavar="N",
                         help="shard the target over the first N devices (a mesh's model axis; 1: one device)")

@@ -21,21 +21,47 @@ from infer.slots import (Admission, StepOutput, empty_prefill_cache, empty_state
 
 @dataclasses.dataclass
 class Admitting:
-    """A request being prefilled, ``chunk`` tokens per call: its prompt right-padded to whole chunks, and where the
-    next chunk starts."""
+    """A request being prefilled one piece per call: its prompt right-padded to its pieces (:func:`prefill_pieces`),
+    the pieces' sizes, and how many are done."""
 
     handle: object
     tokens: np.ndarray
-    start: int = 0
+    sizes: tuple[int, ...]
+    done: int = 0
 
     @classmethod
     def start_for(cls, handle, chunk: int) -> "Admitting":
-        return cls(handle=handle, tokens=pad_to_chunks(handle.prompt_ids, chunk))
+        sizes = prefill_pieces(len(handle.prompt_ids), chunk)
+        return cls(handle=handle, tokens=padded_prompt(handle.prompt_ids, sum(sizes)), sizes=sizes)
+
+    def next_piece(self) -> tuple[np.ndarray, int]:
+        """The next piece's tokens and where it starts; counts it done."""
+        start = sum(self.sizes[:self.done])
+        self.done += 1
+        return self.tokens[start:start + self.sizes[self.done - 1]], start
+
+    @property
+    def finished(self) -> bool:
+        return self.done == len(self.sizes)
 
 
-def pad_to_chunks(prompt_ids, chunk: int) -> np.ndarray:
-    """The prompt right-padded with zeros to whole prefill chunks."""
-    tokens = np.zeros(-(-len(prompt_ids) // chunk) * chunk, np.int32)
+PIECE_HALVINGS = 2  # a prompt's last prefill piece may be the chunk halved up to this often: less padding
+
+
+def piece_sizes(chunk: int) -> tuple[int, ...]:
+    """Every size a prefill piece may have: the chunk and its halves, smallest first."""
+    return tuple(sorted({max(chunk >> k, 1) for k in range(PIECE_HALVINGS + 1)}))
+
+
+def prefill_pieces(prompt_len: int, chunk: int) -> tuple[int, ...]:
+    """A prompt's prefill pieces: whole chunks, then the rest padded to the smallest piece size that holds it."""
+    whole, rest = divmod(prompt_len, chunk)
+    return (chunk,) * whole + ((next(s for s in piece_sizes(chunk) if s >= rest),) if rest else ())
+
+
+def padded_prompt(prompt_ids, length: int) -> np.ndarray:
+    """The prompt right-padded with zeros to ``length`` tokens."""
+    tokens = np.zeros(length, np.int32)
     tokens[:len(prompt_ids)] = prompt_ids
     return tokens
 
@@ -88,12 +114,18 @@ class Programs:
                 return self._executables[key](self.state, *args)
             return self._executables[key](self.params, self.weights, self.state, *args)
 
-    def prefill(self, tokens: np.ndarray, start: int, prompt_len: int) -> None:
-        """Prefills chunk ``[start, start + chunk)`` of a padded prompt into the prefill cache."""
-        chunk = self.plan.shapes.base.prefill_chunk
+    def prefill(self, tokens_C: np.ndarray, start: int, prompt_len: int) -> None:
+        """Prefills a piece of a padded prompt, its tokens ``[start, start + C)``, into the prefill cache (``C``: a
+        size of :func:`piece_sizes`)."""
+        args = self._prefill_args(tokens_C, start, prompt_len)
+        key = ("prefill", len(tokens_C))
         with on_mesh(self.mesh):
-            self._logits, self.prefill_cache = self._prefill(
-                self.params, self.prefill_cache, jnp.asarray(tokens[None, start:start + chunk]), np.int32(start),
+            if key not in self._executables:
+                self._executables[key] = self._prefill.lower(*args).compile()
+            self._logits, self.prefill_cache = self._executables[key](*args)
+
+    def _prefill_args(self, tokens_C, start: int, prompt_len: int) -> tuple:
+        return (self.params, self.prefill_cache, jnp.asarray(tokens_C[None]), np.int32(start),
                 np.int32(prompt_len - 1))
 
     def insert(self, slot: int, prompt_ids, params, seed: int, stop_ids) -> tuple[int, bool]:
@@ -151,10 +183,16 @@ class Programs:
         """Compiles every program of every batch bucket, ``threads`` compilations at a time (default: one per CPU
         core), then runs each once on empty slots (leaving them empty), which loads them. ``progress(message)``,
         where given, hears how it goes."""
-        chunk = self.plan.shapes.base.prefill_chunk
-        self.prefill(np.zeros(chunk, np.int32), 0, 1)
+        threads = threads or os.cpu_count() or 1
+        sizes = piece_sizes(self.plan.shapes.base.prefill_chunk)
+        with on_mesh(self.mesh):  # first the prefill pieces: a prefill's logits are an insertion's argument
+            lowered = {("prefill", c): self._prefill.lower(*self._prefill_args(np.zeros(c, np.int32), 0, 1))
+                       for c in sizes}
+        self._compile(lowered, progress, threads)
+        for c in sizes:
+            self.prefill(np.zeros(c, np.int32), 0, 1)
         probe = types.SimpleNamespace(max_tokens=2, temperature=1.0, top_p=1.0)
-        self._compile_ahead(probe, progress, threads or os.cpu_count() or 1)
+        self._compile_ahead(probe, progress, threads)
         if progress is not None:
             progress("loading the programs")
         for rows in self.plan.buckets:
@@ -167,7 +205,7 @@ class Programs:
 
     def _compile_ahead(self, probe, progress, threads: int) -> None:
         """Lowers the insertion, retirement and decode steps of every bucket on the shapes of a state of its rows,
-        and compiles them side by side (XLA compiles outside Python's lock)."""
+        and compiles them."""
         lowered = {}
         row = np.int32(0)
         with on_mesh(self.mesh):
@@ -179,6 +217,10 @@ class Programs:
                 lowered["retire", rows] = self._lower("retire", state, row, row)
                 for step in self.plan.steps(rows):
                     lowered[step, rows] = self._lower(step, state)
+        self._compile(lowered, progress, threads)
+
+    def _compile(self, lowered: dict, progress, threads: int) -> None:
+        """Compiles ``lowered`` programs side by side (XLA compiles outside Python's lock) into the executables."""
         if progress is not None:
             progress(f"compiling {len(lowered)} programs, {min(threads, len(lowered))} at a time")
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:

@@ -13,6 +13,7 @@ import pytest
 from infer.engine import Engine, EngineConfig, EngineDead, QueueFull, RequestParams
 from infer.generate import generate
 from infer.schedule import batch_buckets
+from infer.slot_programs import piece_sizes, prefill_pieces
 from longspec_jax.testing import TINY, random_draft, tiny_target
 
 RNG = np.random.default_rng(7)
@@ -180,3 +181,12 @@ def test_plain_engine_equals_generate_and_a_dead_loop_refuses_requests():
     with pytest.raises(EngineDead, match="device lost"):
         engine.submit(PROMPTS[0], RequestParams())
     assert threading.active_count() >= 1
+
+
+def test_a_prompt_is_prefilled_in_whole_chunks_then_one_smaller_piece():
+    assert piece_sizes(512) == (128, 256, 512) and piece_sizes(2) == (1, 2)
+    assert prefill_pieces(1024, 512) == (512, 512)
+    assert prefill_pieces(1025, 512) == (512, 512, 128)
+    assert prefill_pieces(1200, 512) == (512, 512, 256)
+    assert prefill_pieces(1300, 512) == (512, 512, 512)
+    assert prefill_pieces(5, 16) == (8,)

@@ -14,7 +14,7 @@ import pytest
 from infer.engine import Engine, EngineConfig, RequestParams
 from infer.generate import generate
 from infer.schedule import Step
-from infer.slot_programs import Programs, pad_to_chunks
+from infer.slot_programs import Programs, padded_prompt, prefill_pieces
 from infer.slots import SlotState
 from longspec_jax.sampling import RowSampling
 from tests.test_speculative_sampling import (ALPHA, EOS, MAX_NEW, PROMPTS, SAMPLED_BINARY, TREE, Case, _exact,
@@ -36,7 +36,9 @@ def _batch(programs: Programs, plan, case: Case, seed: int) -> list[list[int]]:
     roles = _roles(case)
     chunk = plan.shapes.base.prefill_chunk
     for p, prompt in enumerate(PROMPTS):
-        programs.prefill(pad_to_chunks(prompt, chunk), 0, len(prompt))
+        tokens = padded_prompt(prompt, sum(prefill_pieces(len(prompt), chunk)))
+        assert len(tokens) <= chunk  # one piece
+        programs.prefill(tokens, 0, len(prompt))
         for slot in range(SLOTS):
             prompt_index, temperature, top_p = roles[slot % len(roles)]
             if prompt_index == p:

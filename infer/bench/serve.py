@@ -48,6 +48,7 @@ from infer.bench.harness import (add_sized_args, arg_parser, finish, log, median
 from infer.bench.serve_load import Level, loopback_url, poisson_arrivals, request_bodies, run_levels, static_batch_e2e
 from infer.bench.serve_report import SERVERS, comparisons, markdown, plot
 from infer.bench.task_data import read_jsonl, repo_completion
+from infer.generate import DEFAULT_PREFILL_CHUNK
 from infer.main import DEFAULT_MODEL, DTYPES, positive_ints_arg, temperature_arg
 
 READY = re.compile(r"\[infer\.serve\] ready: (http://\S+)")
@@ -127,7 +128,7 @@ def generate_baseline(target, draft, bodies: list[dict], spec: dict) -> dict:
     def call(prompts, max_tokens, seed):
         return generate(target, prompts, draft=draft, max_new_tokens=max_tokens, temperature=spec["temperature"],
                         top_p=spec["top_p"], eos_token_id=[] if spec["ignore_eos"] else None, seed=seed,
-                        pad_prompts_to=spec["bucket"][1])
+                        pad_prompts_to=spec["bucket"][1], prefill_chunk=spec["prefill_chunk"])
 
     distinct = bodies[:spec["prompts"]]
     call([distinct[0]["prompt"]], 1, 0)  # compiles both programs
@@ -211,7 +212,7 @@ def server_argv(args, server: str, server_module: str) -> list[str]:
     models += ["--no-draft"] if server == "plain" else (["--draft", args.draft] if args.draft else [])
     return [sys.executable, "-m", server_module, *models, "--host", "127.0.0.1", "--port", "0",
             "--max-batch", str(args.max_batch), "--max-context", str(args.max_context),
-            "--max-queue", str(args.max_queue), "--dtype", args.dtype]
+            "--max-queue", str(args.max_queue), "--prefill-chunk", str(args.prefill_chunk), "--dtype", args.dtype]
 
 
 def run(args, server_module: str = "infer.serve") -> dict:
@@ -225,7 +226,7 @@ def run(args, server_module: str = "infer.serve") -> dict:
     spec = dict(baseline=args.baseline, target=target_dir, draft=draft_dir, dtype=args.dtype, bodies=bodies,
                 prompts=len(prompts), bucket=args.bucket, max_tokens=args.max_tokens, temperature=args.temperature,
                 top_p=args.top_p, ignore_eos=args.ignore_eos, seed=args.seed, rates=args.request_rates,
-                batch=args.baseline_batch, servers=args.servers)
+                batch=args.baseline_batch, servers=args.servers, prefill_chunk=args.prefill_chunk)
     first = in_own_process(device_and_baseline, spec)
     report = dict(first["header"], config=config,
                   prompt_tokens=[len(p) for p in prompts], baseline=first.get("baseline"), servers={})
@@ -268,6 +269,8 @@ def main(argv=None) -> int:
     p.add_argument("--ignore-eos", action="store_true", help="ask for max_tokens tokens whatever the model emits")
     p.add_argument("--seed", type=int, default=0, help="of the prompts, the arrivals and the requests (default 0)")
     p.add_argument("--max-context", type=int, help="tokens per slot (default: the bucket's top + --max-tokens)")
+    p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, help="prompt tokens per prefill "
+                   f"call, of the servers and the baseline (default {DEFAULT_PREFILL_CHUNK})")
     p.add_argument("--max-queue", type=int, default=256, help="the server's waiting requests at most (default 256)")
     p.add_argument("--warmup", type=int, help="untimed requests sent at once first (default: the largest "
                                               "concurrency level, or --max-batch)")
