@@ -234,13 +234,17 @@ def run(args, server_module: str = "infer.serve") -> dict:
         argv = server_argv(args, server, server_module)
         record = report["servers"][server] = dict(argv=argv, levels=[])
         log(f"server {server}: {' '.join(argv)}")
+
+        def measured(results, record=record):  # the report holds every level measured so far
+            record["levels"] = list(results)
+            write_report(args.out, "bench_serve", report, markdown(report))
+
         try:
             start = time.perf_counter()
             with running_server(argv, os.path.join(args.out, f"server_{server}.log"), args.startup_timeout) as url:
                 record["startup_s"] = time.perf_counter() - start
                 log(f"server {server}: ready at {url} after {record['startup_s']:.1f} s")
-                record["levels"] = asyncio.run(run_levels(url, levels, bodies, args.seed, args.deadline,
-                                                          args.warmup, log))
+                asyncio.run(run_levels(url, levels, bodies, args.seed, args.deadline, args.warmup, log, measured))
         except Exception as e:  # the report says so, and the other server runs
             record_failure(record, f"server {server}", e)
         write_report(args.out, "bench_serve", report, markdown(report))

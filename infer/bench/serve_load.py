@@ -261,9 +261,9 @@ def request_bodies(prompts: list[list[int]], count: int, max_tokens: int, temper
 
 
 async def run_levels(url: str, levels: list[Level], bodies: list[dict], seed: int, deadline_s: float,
-                     warmup: int, log=print) -> list[dict]:
+                     warmup: int, log=print, on_level=None) -> list[dict]:
     """Every level in turn against the server at ``url`` (loopback only), after ``warmup`` requests sent at once
-    (untimed: they compile what the engine compiles on first use)."""
+    (untimed: they compile what the engine compiles on first use); ``on_level(results so far)`` after each."""
     lengths = [len(b["prompt"]) for b in bodies]
     async with httpx.AsyncClient(base_url=loopback_url(url), trust_env=False, timeout=httpx.Timeout(deadline_s),
                                  limits=httpx.Limits(max_connections=None)) as client:
@@ -280,4 +280,6 @@ async def run_levels(url: str, levels: list[Level], bodies: list[dict], seed: in
             s = results[-1]
             log(f"  {level.name}: {s['completed']}/{s['requests']} done, {s['output_throughput'] or 0:.1f} "
                 f"tok/s, TTFT p50 {1e3 * (s['ttft_s']['p50'] or math.nan):.1f} ms, tau {s['tau']}")
+            if on_level is not None:
+                on_level(results)
         return results
