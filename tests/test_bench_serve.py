@@ -7,6 +7,8 @@ speculative server does), counts them as the real server's counters say, and fin
 
 from __future__ import annotations
 
+import argparse
+
 import asyncio
 import functools
 import json
@@ -245,14 +247,22 @@ def test_command_line_errors(capsys):
 
 
 def test_server_command_lines():
-    ns = type("Args", (), dict(target="T", draft="D", max_batch=4, max_context=96, max_queue=8, dtype="float32"))
+    ns = type("Args", (), dict(target="T", draft="D", max_batch=4, max_context=96, max_queue=8, prefill_chunk=64,
+                               dtype="float32"))
     tail = ["--host", "127.0.0.1", "--port", "0", "--max-batch", "4", "--max-context", "96", "--max-queue", "8",
-            "--dtype", "float32"]
+            "--prefill-chunk", "64", "--dtype", "float32"]
     assert serve.server_argv(ns, "draft", "infer.serve") == [sys.executable, "-m", "infer.serve", "--target", "T",
                                                              "--draft", "D", *tail]
     assert serve.server_argv(ns, "plain", "infer.serve")[3:6] == ["--target", "T", "--no-draft"]
     ns.target = ns.draft = None  # the default model
     assert serve.server_argv(ns, "draft", "m")[3:] == tail and serve.server_argv(ns, "plain", "m")[3] == "--no-draft"
+
+
+def test_servers_and_baselines_are_chosen_by_name():
+    assert serve.servers_arg("plain") == ("plain",) and serve.servers_arg("draft,plain") == ("draft", "plain")
+    for bad in ("", "draft,draft", "hf"):
+        with pytest.raises(argparse.ArgumentTypeError, match="distinct names among draft, plain"):
+            serve.servers_arg(bad)
 
 
 def test_the_server_process_is_awaited_and_stopped(tmp_path):

@@ -18,8 +18,8 @@ Per level (``infer.bench.serve_load``): completed requests, request and output-t
 usage chunk, and tau (tokens per target pass) from the server's ``/metrics`` counters before and after.
 
 ``--servers`` picks the servers (default both). ``--baseline``: first, in a process of its own (so it never shares
-the accelerator with a server), ``generate()`` on the same prompts with the draft and without (those of
-``--servers``): one prompt at a time (time per output token: the call less a
+the accelerator with a server), ``generate()`` on the same prompts with the draft and without (``--baseline draft``:
+with the draft only): one prompt at a time (time per output token: the call less a
 one-token call, over tokens - 1) and in static batches of ``--baseline-batch`` (a batch starts once its requests
 have arrived under a rate's Poisson arrivals and the previous batch has ended; the batches run one after another,
 so their measured times give every request's E2E). Prompts are padded to the bucket's top (one compiled program).
@@ -166,7 +166,7 @@ def device_and_baseline(spec: dict) -> dict:
         draft = load_draft(spec["draft"], target)
         result["baseline"] = {}
         for server, pair_draft in (("draft", draft), ("plain", None)):
-            if server not in spec["servers"]:
+            if server not in spec["baseline"]:
                 continue
             log(f"baseline: generate() {'with the draft' if pair_draft else 'without a draft'}")
             result["baseline"][server] = generate_baseline(target, pair_draft, spec["bodies"], spec)
@@ -283,8 +283,9 @@ def main(argv=None) -> int:
                    "(default 900)")
     p.add_argument("--servers", type=servers_arg, default=SERVERS, help="which servers run, in this order: draft "
                    "(with the draft), plain (--no-draft); default: both")
-    p.add_argument("--baseline", action="store_true", help="generate() first, in a process of its own: one prompt "
-                                                           "at a time and static batches")
+    p.add_argument("--baseline", type=servers_arg, nargs="?", const=SERVERS, default=(), metavar="SERVERS",
+                   help="generate() first, in a process of its own, with the draft and without (or those named: "
+                        "draft, plain): one prompt at a time and static batches")
     p.add_argument("--baseline-batch", type=int, default=8, help="the static batches' size (default 8)")
     args = parse_sized(p, argv, DEFAULTS, SMOKE)
     if isinstance(args.bucket, str):
