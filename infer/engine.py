@@ -19,6 +19,7 @@ import dataclasses
 import threading
 import time
 
+import jax
 import numpy as np
 
 from infer.schedule import EnginePlan, check_request
@@ -257,12 +258,15 @@ class Engine:
     # ---------------------------------------------------------------------------------------------- the loop
     def _loop(self) -> None:
         try:
+            in_flight = None  # the decode step dispatched last, its outputs not read yet
             while not self._stopping:
                 self._drop_cancelled()
                 prefilled = self._admit_step()
-                if self._running:
-                    self._decode_step()
-                elif not prefilled:
+                launched = self._launch_step() if self._running else None
+                if in_flight is not None:  # read while the step just launched runs on the device
+                    self._finish_step(*in_flight)
+                in_flight = launched
+                if in_flight is None and not prefilled:
                     with self._cv:
                         if not (self._waiting or self._stopping or self._admitting):
                             self._cv.wait(timeout=0.5)
@@ -328,13 +332,19 @@ class Engine:
             self._release(row, Chunk((first,), self._reason(adm.handle, [first])))
         return True
 
-    def _decode_step(self) -> None:
+    def _launch_step(self) -> tuple:
+        """Dispatches one decode step of the running requests (asynchronously): the requests of its rows, the step,
+        and its outputs, read by :meth:`_finish_step` once the next step is dispatched."""
         handles = list(self._running)
-        n = len(handles)
         step = self.plan.step_for(handles, self.programs.rows)
-        out = self.programs.decode(step)
-        tokens_SxA, emitted_S = np.asarray(out.tokens)[:n], np.asarray(out.emitted)[:n]
-        active_S, verified_S = np.asarray(out.active)[:n], np.asarray(out.verified)[:n]
+        return handles, step, self.programs.decode(step)
+
+    def _finish_step(self, handles: list, step, out) -> None:
+        """Streams a decode step's tokens and ends the requests it finished. Rows ended since it was dispatched
+        (cancelled, or finished by the step before, riding along inactive) are skipped."""
+        n = len(handles)
+        tokens_SxA, emitted_S, active_S, verified_S = (
+            x[:n] for x in jax.device_get((out.tokens, out.emitted, out.active, out.verified)))
         with self._cv:
             self._counters["generation_tokens"] += int(emitted_S.sum())
             passes = int(np.sum(verified_S > 0))  # the rows this step decoded
@@ -346,13 +356,15 @@ class Engine:
                 self._counters["accepted_tokens"] += int(np.sum(np.maximum(verified_S - 1, 0)))
         finished = []
         for row, handle in enumerate(handles):
+            if handle not in self._running:
+                continue
             new = tuple(int(t) for t in tokens_SxA[row, :emitted_S[row]])
             if active_S[row]:
                 if new:
                     handle._push(Chunk(new))
             else:
-                finished.append((row, Chunk(new, self._reason(handle, new))))
-        for row, chunk in reversed(finished):  # the last rows first, so that the moved rows are still running
+                finished.append((self._running.index(handle), Chunk(new, self._reason(handle, new))))
+        for row, chunk in sorted(finished, key=lambda f: -f[0]):  # the last rows first: the moved rows still run
             self._release(row, chunk)
         self._shrink_when_idle()
 
