@@ -301,7 +301,7 @@ class Engine:
     def _admit_step(self) -> bool:
         """Prefills one piece of the request being admitted (starting the next waiting one where a slot is free);
         after its last piece the request enters the next slot row and streams its first token. Whether it ran a
-        chunk."""
+        piece."""
         if self._admitting is None:
             with self._cv:
                 if not (self._waiting and len(self._running) < self.config.max_batch):

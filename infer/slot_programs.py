@@ -104,25 +104,27 @@ class Programs:
             return self._jitted[program].lower(state, *args)
         return self._step(program).lower(self.params, self.weights, state)
 
+    def _executable(self, key, lower):
+        """The executable of ``key``, compiled from ``lower()`` the first time it is asked for."""
+        if key not in self._executables:
+            self._executables[key] = lower().compile()
+        return self._executables[key]
+
     def _run(self, program, *args):
         """Runs ``program`` on the current state, compiling it for the state's rows the first time."""
-        key = (program, self.rows)
         with on_mesh(self.mesh):
-            if key not in self._executables:
-                self._executables[key] = self._lower(program, self.state, *args).compile()
+            run = self._executable((program, self.rows), lambda: self._lower(program, self.state, *args))
             if program == "retire":
-                return self._executables[key](self.state, *args)
-            return self._executables[key](self.params, self.weights, self.state, *args)
+                return run(self.state, *args)
+            return run(self.params, self.weights, self.state, *args)
 
     def prefill(self, tokens_C: np.ndarray, start: int, prompt_len: int) -> None:
         """Prefills a piece of a padded prompt, its tokens ``[start, start + C)``, into the prefill cache (``C``: a
         size of :func:`piece_sizes`)."""
         args = self._prefill_args(tokens_C, start, prompt_len)
-        key = ("prefill", len(tokens_C))
         with on_mesh(self.mesh):
-            if key not in self._executables:
-                self._executables[key] = self._prefill.lower(*args).compile()
-            self._logits, self.prefill_cache = self._executables[key](*args)
+            run = self._executable(("prefill", len(tokens_C)), lambda: self._prefill.lower(*args))
+            self._logits, self.prefill_cache = run(*args)
 
     def _prefill_args(self, tokens_C, start: int, prompt_len: int) -> tuple:
         return (self.params, self.prefill_cache, jnp.asarray(tokens_C[None]), np.int32(start),
@@ -169,7 +171,6 @@ class Programs:
         self.state, out = self._run(step)
         return out
 
-    @functools.cache
     def _step(self, step: Step):
         """The jitted decode step."""
         if step.settings is None:
