@@ -77,13 +77,13 @@ def empty_state(shapes: SlotShapes, dtype, rows: int) -> SlotState:
         c = shapes.draft.config
         ring = RingCache.empty(S, c.ring_capacity, c.num_kv_heads, c.head_dim, shapes.draft.dtype)
     return pinned(SlotState(cache=init_cache(config.num_layers, S, shapes.base.capacity, config.num_kv_heads,
-                                      config.head_dim, dtype),
-                     ring=ring, pending=jnp.zeros((S, shapes.pending), jnp.int32),
-                     num_pending=jnp.ones((S,), jnp.int32), active=jnp.zeros((S,), bool),
-                     generated=jnp.zeros((S,), jnp.int32), max_new=jnp.zeros((S,), jnp.int32),
-                     stop_ids=jnp.full((S, shapes.stop_width), -1, jnp.int32),
-                     temperature=jnp.zeros((S,), jnp.float32), top_p=jnp.ones((S,), jnp.float32),
-                     keys=jnp.zeros((S, 2), jnp.uint32)))
+                                             config.head_dim, dtype),
+                            ring=ring, pending=jnp.zeros((S, shapes.pending), jnp.int32),
+                            num_pending=jnp.ones((S,), jnp.int32), active=jnp.zeros((S,), bool),
+                            generated=jnp.zeros((S,), jnp.int32), max_new=jnp.zeros((S,), jnp.int32),
+                            stop_ids=jnp.full((S, shapes.stop_width), -1, jnp.int32),
+                            temperature=jnp.zeros((S,), jnp.float32), top_p=jnp.ones((S,), jnp.float32),
+                            keys=jnp.zeros((S, 2), jnp.uint32)))
 
 
 def pin(x_Sx: jax.Array) -> jax.Array:

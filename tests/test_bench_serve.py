@@ -8,7 +8,6 @@ speculative server does), counts them as the real server's counters say, and fin
 from __future__ import annotations
 
 import argparse
-
 import asyncio
 import functools
 import json

@@ -226,7 +226,7 @@ def run(args, server_module: str = "infer.serve") -> dict:
     spec = dict(baseline=args.baseline, target=target_dir, draft=draft_dir, dtype=args.dtype, bodies=bodies,
                 prompts=len(prompts), bucket=args.bucket, max_tokens=args.max_tokens, temperature=args.temperature,
                 top_p=args.top_p, ignore_eos=args.ignore_eos, seed=args.seed, rates=args.request_rates,
-                batch=args.baseline_batch, servers=args.servers, prefill_chunk=args.prefill_chunk)
+                batch=args.baseline_batch, prefill_chunk=args.prefill_chunk)
     first = in_own_process(device_and_baseline, spec)
     report = dict(first["header"], config=config,
                   prompt_tokens=[len(p) for p in prompts], baseline=first.get("baseline"), servers={})
