@@ -77,11 +77,11 @@ def scatter_to_vocab(x_BxK: jax.Array, ids_K: jax.Array | None, vocab_size: int,
     return jnp.full((x_BxK.shape[0], vocab_size), fill, x_BxK.dtype).at[:, ids_K].set(x_BxK)
 
 
-def vocab_columns(ids_K, tokens) -> np.ndarray:
-    """Each token's column in the draft vocabulary ``ids``, ``-1`` where it is not in it."""
-    ids_K, tokens = np.asarray(ids_K), np.asarray(tokens)
-    at = np.minimum(np.searchsorted(ids_K, tokens), ids_K.size - 1)
-    return np.where(ids_K[at] == tokens, at, -1).astype(np.int32)
+def vocab_columns(ids_K, tokens) -> jax.Array:
+    """Each token's column in the draft vocabulary ``ids`` (int32), ``-1`` where it is not in it; traceable."""
+    ids_K, tokens = jnp.asarray(ids_K), jnp.asarray(tokens)
+    at = jnp.minimum(jnp.searchsorted(ids_K, tokens), ids_K.shape[0] - 1)
+    return jnp.where(ids_K[at] == tokens, at, -1).astype(jnp.int32)
 
 
 def token_counts(token_arrays: Iterable, vocab_size: int) -> np.ndarray:

@@ -60,6 +60,8 @@ def test_example_configs_load(setup, name):
     ("optim.lr=-1", r"optim.lr must be positive"),
     ("draft.init=/no/such/draft", r"draft.init: not found"),
     ("draft.vocab_size=-1", r"draft.vocab_size must be >= 0, got -1"),
+    ("draft.vocab_loss=top", r"draft.vocab_loss must be one of full, subset, got 'top'"),
+    ("draft.vocab_loss=subset", r"draft.vocab_loss subset needs a draft vocabulary: set draft.vocab_size > 0"),
 ])
 def test_bad_configs_are_named(setup, override, message):
     _, _, _, path = setup

@@ -15,7 +15,7 @@ from tests.train_helpers import build_target_dir, build_tokenizer, corpus_lines,
 from train.config import DataSection
 from train.data import BatchOrder, Batches, build_rows
 from train.vocab import main as vocab_main
-from train.vocab import write_run_vocab
+from train.vocab import run_vocab
 
 EOS, PAD = 1, 3
 
@@ -151,13 +151,14 @@ def test_a_runs_draft_vocabulary_is_its_most_frequent_predicted_tokens(tokenizer
     rows = build_rows([str(path)], data, tokenizer, EOS, PAD, str(tmp_path / "cache"))
     got = rows.rows(np.arange(len(rows)))
     counts = np.bincount(got["tokens"][got["targets"] > 0], minlength=len(tokenizer))
-    written = write_run_vocab(rows, 5, len(tokenizer), str(tmp_path / "run"))
-    ids = np.load(written)
-    assert written.endswith("draft_vocab.npy") and ids.size == 5 and (np.diff(ids) > 0).all()
+    ids = run_vocab(rows, 5, len(tokenizer), str(tmp_path / "run"))
+    np.testing.assert_array_equal(np.load(tmp_path / "run" / "draft_vocab.npy"), ids)
+    assert ids.size == 5 and (np.diff(ids) > 0).all()
+    np.testing.assert_array_equal(run_vocab(rows, 5, len(tokenizer), None), ids)  # other processes write nothing
     assert counts[ids].min() >= np.delete(counts, ids).max() and counts[ids].min() > 0
     assert not np.isin(_ids(tokenizer, "zzzz"), ids).any() and EOS not in ids
     with pytest.raises(ConfigError, match=f"draft.vocab_size 999 exceeds the target's vocabulary of {len(tokenizer)}"):
-        write_run_vocab(rows, 999, len(tokenizer), str(tmp_path / "run"))
+        run_vocab(rows, 999, len(tokenizer), str(tmp_path / "run"))
 
 
 def test_vocab_cli_writes_the_most_frequent_tokens_of_text_files(tmp_path, capsys):

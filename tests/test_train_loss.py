@@ -1,4 +1,5 @@
-"""Chunked next-token losses through the LM head equal the losses of full logits, in value and gradient."""
+"""Chunked next-token losses through the LM head equal the losses of full logits, in value and gradient; over a
+draft vocabulary they equal a NumPy reference."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from longspec_jax.draft_vocab import DraftVocab
 from train.loss import chunked_argmax, chunked_token_sums
 
 
@@ -68,3 +70,69 @@ def test_without_target_hidden_there_is_no_kl_term():
 def test_chunked_argmax():
     h, w, _, _, _ = _inputs(3)
     np.testing.assert_array_equal(chunked_argmax(h, w, 9), jnp.argmax(h @ w, axis=-1))
+
+
+def _log_softmax(x):
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def _subset_reference(h, w, labels, mask, target_h, ids):
+    """The subset loss in float64 NumPy, its KL as P_K * KL(p_K || q)."""
+    h, w, target_h = (np.asarray(a, np.float64) for a in (h, w, target_h))
+    labels, m, ids = np.asarray(labels), np.asarray(mask, np.float64), np.asarray(ids)
+    logq = _log_softmax(h @ w[:, ids])
+    inside = np.isin(labels, ids)
+    col = {int(t): k for k, t in enumerate(ids)}
+    picked = np.array([logq[n, col[int(t)]] if ok else 0.0 for n, (t, ok) in enumerate(zip(labels, inside))])
+    p_K = np.exp(_log_softmax(target_h @ w))[:, ids]
+    mass = p_K.sum(axis=-1)
+    p_K = p_K / mass[:, None]
+    kl = mass * np.sum(p_K * (np.log(p_K) - logq), axis=-1)
+    correct = ids[np.argmax(logq, axis=-1)] == labels
+    return -np.sum(picked * m), np.sum(kl * m), np.sum(correct * m), np.sum(m)
+
+
+def test_subset_sums_equal_a_numpy_reference(chunk=7):
+    """Over a draft vocabulary: labels outside it add no cross-entropy and are never correct; the KL term is the
+    target's mass on the vocabulary times the KL of its renormalised distribution; every id is the full loss."""
+    h, w, labels, mask, target_h = _inputs(4)
+    V = w.shape[1]
+    ids = np.asarray([0, 2, 3, 8, 11, 19, 20, 30, 36], np.int32)
+    outside = ~np.isin(np.asarray(labels), ids) & (np.asarray(mask) == 1)
+    assert outside.sum() >= 10
+    vocab = DraftVocab(ids=jnp.asarray(ids), head=w[:, ids])
+    sums = chunked_token_sums(h, w, labels, mask, chunk, target_h, vocab=vocab)
+    np.testing.assert_allclose([sums.nll, sums.kl, sums.correct, sums.count],
+                               _subset_reference(h, w, labels, mask, target_h, ids), rtol=1e-5)
+    assert float(sums.kl) > 0 and float(sums.correct) > 0
+    every = DraftVocab(ids=jnp.arange(V, dtype=jnp.int32), head=w)
+    full = chunked_token_sums(h, w, labels, mask, chunk, target_h)
+    np.testing.assert_allclose(jax.tree.leaves(chunked_token_sums(h, w, labels, mask, chunk, target_h, vocab=every)),
+                               jax.tree.leaves(full), rtol=1e-5)
+
+
+def test_subset_gradient_is_finite_and_skips_labels_outside():
+    """Without the KL term a label outside the vocabulary gives no gradient; the KL term reaches every
+    counted token."""
+    h, w, labels, mask, target_h = _inputs(5)
+    ids = np.asarray([1, 4, 5, 9, 16, 25, 33], np.int32)
+    vocab = DraftVocab(ids=jnp.asarray(ids), head=w[:, ids])
+
+    def loss(h_, kl_weight):
+        s = chunked_token_sums(h_, w, labels, mask, 16, target_h, vocab=vocab)
+        return s.nll + kl_weight * s.kl
+
+    inside = np.isin(np.asarray(labels), ids)
+    counted = np.asarray(mask) == 1
+    g = np.abs(np.asarray(jax.grad(loss)(h, 0.0))).max(axis=-1)
+    assert (g[counted & inside] > 0).all() and (g[~(counted & inside)] == 0).all()
+    g = np.abs(np.asarray(jax.grad(loss)(h, 0.5))).max(axis=-1)
+    assert np.isfinite(g).all() and (g[counted] > 0).all() and (g[~counted] == 0).all()
+
+
+def test_chunked_argmax_over_a_draft_vocabulary_gives_token_ids():
+    h, w, _, _, _ = _inputs(6)
+    ids = np.asarray([3, 7, 10, 22, 31], np.int32)
+    vocab = DraftVocab(ids=jnp.asarray(ids), head=w[:, ids])
+    np.testing.assert_array_equal(chunked_argmax(h, w, 9, vocab), ids[np.argmax(np.asarray(h @ w)[:, ids], -1)])

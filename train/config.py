@@ -20,6 +20,7 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 from longspec_jax.errors import ConfigError
 
 DATA_FORMATS = ("text", "prompt_answer")
+VOCAB_LOSSES = ("full", "subset")
 DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}  # config name -> dtype
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
 
@@ -53,6 +54,7 @@ class DraftSection:
     init: str = ""                  # start from this draft (LongSpec HF dir, .pth, or a training checkpoint dir)
     vocab_size: int = 0             # K > 0: the K most frequent trained-on tokens as the draft vocabulary
                                     # (checkpoint.dir/draft_vocab.npy, exported with the draft); 0: none
+    vocab_loss: str = "full"        # "full": the loss over every token; "subset": over the K of vocab_size
 
 
 @dataclasses.dataclass
@@ -212,6 +214,9 @@ def validate(c: TrainConfig) -> None:
     _choice("data.format", c.data.format, DATA_FORMATS)
     _choice("target.dtype", c.target.dtype, tuple(DTYPES))
     _choice("train.compute_dtype", c.train.compute_dtype, tuple(DTYPES))
+    _choice("draft.vocab_loss", c.draft.vocab_loss, VOCAB_LOSSES)
+    if c.draft.vocab_loss == "subset" and c.draft.vocab_size < 1:
+        raise ConfigError("draft.vocab_loss subset needs a draft vocabulary: set draft.vocab_size > 0")
     for key, value, low in (("data.seq_len", c.data.seq_len, 2), ("train.steps", c.train.steps, 1),
                             ("train.batch_size", c.train.batch_size, 1), ("train.grad_accum", c.train.grad_accum, 1),
                             ("train.log_every", c.train.log_every, 1), ("checkpoint.every", c.checkpoint.every, 1),

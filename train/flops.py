@@ -23,10 +23,12 @@ def mean_keys(seq_len: int, window: int | None = None) -> float:
     return sum(min(t + 1, cap) for t in range(seq_len)) / seq_len
 
 
-def train_flops_per_token(target: TargetConfig, draft: DraftConfig, seq_len: int, *, kl: bool = False) -> dict:
+def train_flops_per_token(target: TargetConfig, draft: DraftConfig, seq_len: int, *, kl: bool = False,
+                          head_columns: int | None = None) -> dict:
     """FLOPs per token of one training step, by part: the frozen target's forward (without the last layer's
     attention and MLP unless the KL term needs its output), the draft's forward and backward (3x its forward),
-    and the LM head (forward, plus the backward into the draft's output; the head itself is frozen)."""
+    and the LM head (forward, plus the backward into the draft's output; the head itself is frozen): the draft's
+    ``head_columns`` of it (a loss over a draft vocabulary; ``None``: all), the target's every column."""
     d, I, V = target.hidden_size, target.intermediate_size, target.vocab_size
     H, K, hd = target.num_heads, target.num_kv_heads, target.head_dim
     qkv, o, mlp = 2 * d * (H + 2 * K) * hd, 2 * H * hd * d, 2 * 3 * d * I
@@ -38,6 +40,6 @@ def train_flops_per_token(target: TargetConfig, draft: DraftConfig, seq_len: int
     draft_linear = 2 * dd * (dH + 2 * dK) * dhd + 2 * dH * dhd * dd + 2 * 2 * dd * dH * dhd + 2 * 3 * dd * dI
     draft_attn = 4 * dH * dhd * (mean_keys(seq_len, draft.window) + mean_keys(seq_len))
     draft_flops = 3 * (draft_linear + draft_attn)
-    head_flops = 4 * d * V + (2 * d * V if kl else 0)
+    head_flops = 4 * d * (head_columns or V) + (2 * d * V if kl else 0)
     return {"target": target_flops, "draft": draft_flops, "lm_head": head_flops,
             "total": target_flops + draft_flops + head_flops}

@@ -34,7 +34,7 @@ from train.flops import device_peak_flops, train_flops_per_token
 from train.metrics import MetricsLog
 from train.sharding import init_distributed, jit_train_step, make_mesh, put_batch, replicated, tree_shardings
 from train.step import StepSettings, TrainState, eval_counts, eval_summary, init_state, make_optimizer
-from train.vocab import write_run_vocab
+from train.vocab import run_vocab
 
 # Config sections that must match when a run resumes from a checkpoint (the rest may change between attempts).
 RESUME_KEYS = ("target", "data.train", "data.format", "data.seq_len", "data.pack", "draft", "anchor", "noise",
@@ -65,8 +65,11 @@ def run(config: TrainConfig) -> list[dict]:
     draft_config = DraftConfig.from_target(target_config, config.draft.window)
     train_rows, eval_rows = load_rows(config, target_config)
     init_distributed()
-    if config.draft.vocab_size and jax.process_index() == 0:
-        write_run_vocab(train_rows, config.draft.vocab_size, target_config.vocab_size, ckpt_dir)
+    vocab_ids = None
+    if config.draft.vocab_size:
+        vocab_ids = run_vocab(train_rows, config.draft.vocab_size, target_config.vocab_size,
+                              ckpt_dir if jax.process_index() == 0 else None)
+    loss_vocab = tuple(vocab_ids.tolist()) if config.draft.vocab_loss == "subset" else None
     mesh = make_mesh(config.mesh)
     micro_rows = config.train.batch_size // config.train.grad_accum
     if micro_rows % mesh.size:
@@ -76,7 +79,7 @@ def run(config: TrainConfig) -> list[dict]:
 
     settings = StepSettings(target=target.config, draft=draft_config, compute_dtype=DTYPES[config.train.compute_dtype],
                             anchor=config.anchor, max_shift=config.noise.max_shift, kl_weight=config.loss.kl_weight,
-                            chunk_tokens=config.loss.chunk_tokens, seed=config.train.seed)
+                            chunk_tokens=config.loss.chunk_tokens, seed=config.train.seed, vocab=loss_vocab)
     optimizer, schedule = make_optimizer(config.optim, config.train.steps)
     abstract = jax.eval_shape(lambda p: init_state(p, optimizer), _abstract_draft(draft_config))
     state_sharding = tree_shardings(mesh, abstract)
@@ -85,7 +88,8 @@ def run(config: TrainConfig) -> list[dict]:
     state, start = _initial_state(config, target, draft_config, optimizer, abstract, state_sharding, ckpt_dir)
 
     step_fn = jit_train_step(settings, optimizer, schedule, mesh, state_sharding, target_sharding)
-    flops = train_flops_per_token(target.config, draft_config, config.data.seq_len, kl=config.loss.kl_weight > 0)
+    flops = train_flops_per_token(target.config, draft_config, config.data.seq_len, kl=config.loss.kl_weight > 0,
+                                  head_columns=len(loss_vocab) if loss_vocab else None)
     peak = config.train.peak_tflops * 1e12 or device_peak_flops(jax.devices()[0].device_kind)
     metadata = checkpoint_metadata(draft_config, target, extra={"config": config_to_dict(config)})
     checkpointer = Checkpointer(ckpt_dir, metadata, keep=config.checkpoint.keep,

@@ -3,8 +3,9 @@
 A step: for each micro-batch, the frozen target's causal forward (no gradient) gives its last-layer K/V at the
 sequence's (anchor-offset) positions; the draft runs over the same positions with flash noisy cross-attention;
 next-token cross-entropy (plus an optional KL term against the target) goes through the shared LM head in
-chunks. Gradients are summed over micro-batches, divided by the number of label tokens, clipped, and applied
-by AdamW with warmup + cosine. Master weights and optimizer state are float32; compute is ``compute_dtype``.
+chunks, or through its columns of the run's draft vocabulary (``StepSettings.vocab``). Gradients are summed over
+micro-batches, divided by the number of label tokens, clipped, and applied by AdamW with warmup + cosine. Master
+weights and optimizer state are float32; compute is ``compute_dtype``.
 Each sequence's draws come from ``fold_in(fold_in(PRNGKey(seed), step), row)`` (``row``: its place in the global
 batch), so a resumed run draws what an uninterrupted one does, however the batch is split.
 """
@@ -21,6 +22,7 @@ from flax import struct
 
 from longspec_jax.config import TargetConfig
 from longspec_jax.draft import DraftConfig, DraftLayer
+from longspec_jax.draft_vocab import DraftVocab, gather_draft_vocab
 from longspec_jax.target import causal_forward, embed_tokens
 from train.config import AnchorSection, OptimSection
 from train.loss import TokenSums, chunked_argmax, chunked_token_sums
@@ -39,11 +41,16 @@ class StepSettings:
     kl_weight: float
     chunk_tokens: int
     seed: int
+    vocab: tuple[int, ...] | None = None  # the draft vocabulary the loss is over (sorted ids); None: every token
     impl: str = "auto"
 
     @property
     def module(self) -> DraftLayer:
         return DraftLayer(self.draft, self.compute_dtype)
+
+    def loss_vocab(self, target_params) -> DraftVocab | None:
+        """The loss's draft vocabulary with the LM head's columns for it, gathered once per step."""
+        return None if self.vocab is None else gather_draft_vocab(target_params, self.vocab, self.target.vocab_size)
 
 
 @struct.dataclass
@@ -82,10 +89,12 @@ def _draft_hidden(s: StepSettings, params, target_params, tokens_BxT, positions_
     return draft_train_hidden(s.module, variables, x_BxTxd, positions_BxT, target_k, target_v, shift_B, impl=s.impl)
 
 
-def micro_batch_sums(s: StepSettings, params, target_params, batch: dict, row_keys_B) -> TokenSums:
+def micro_batch_sums(s: StepSettings, params, target_params, batch: dict, row_keys_B,
+                     vocab: DraftVocab | None = None) -> TokenSums:
     """Loss sums of one micro-batch: ``batch`` holds ``tokens [B, T]``, ``targets [B, T]`` (1 where the token
     is a training target, predicted from the position before it) and ``lengths [B]``; ``row_keys_B`` one
-    random key per sequence (its anchor-offset positions and noise shift)."""
+    random key per sequence (its anchor-offset positions and noise shift); ``vocab``: the loss's draft
+    vocabulary (:meth:`StepSettings.loss_vocab`)."""
     tokens_BxT, lengths_B = batch["tokens"], batch["lengths"]
     B, T = tokens_BxT.shape
     k_pos = jax.vmap(lambda k: jax.random.fold_in(k, 0))(row_keys_B)
@@ -101,7 +110,7 @@ def micro_batch_sums(s: StepSettings, params, target_params, batch: dict, row_ke
     d = y_BxTxd.shape[-1]
     return chunked_token_sums(y_BxTxd[:, :-1].reshape(-1, d), lm_head_kernel(target_params),
                               tokens_BxT[:, 1:].reshape(-1), batch["targets"][:, 1:].reshape(-1), s.chunk_tokens,
-                              None if target_h is None else target_h[:, :-1].reshape(-1, d))
+                              None if target_h is None else target_h[:, :-1].reshape(-1, d), vocab)
 
 
 def train_step(s: StepSettings, optimizer, schedule, state: TrainState, target_params, batch: dict):
@@ -109,9 +118,10 @@ def train_step(s: StepSettings, optimizer, schedule, state: TrainState, target_p
     the step's metrics (means over its label tokens; ``grad_norm`` before clipping)."""
     key = jax.random.fold_in(jax.random.PRNGKey(s.seed), state.step)
     micro_batches, rows = batch["tokens"].shape[:2]
+    vocab = s.loss_vocab(target_params)
 
     def objective(params, micro, row_keys_B):
-        sums = micro_batch_sums(s, params, target_params, micro, row_keys_B)
+        sums = micro_batch_sums(s, params, target_params, micro, row_keys_B, vocab)
         return sums.nll + s.kl_weight * sums.kl, sums
 
     def accumulate(carry, xs):
@@ -136,7 +146,8 @@ def train_step(s: StepSettings, optimizer, schedule, state: TrainState, target_p
 
 
 def eval_counts(s: StepSettings, params, target_params, batch: dict, depth: int) -> dict:
-    """Offline measures of a draft on plain positions (sums; divide as :func:`eval_summary` does):
+    """Offline measures of a draft on plain positions (sums; divide as :func:`eval_summary` does), its
+    predictions over the loss's draft vocabulary where there is one:
 
     * ``nll`` / ``correct`` of the root prediction (noise shift 1, the gap of step 0) against the data;
     * ``agree``: root prediction == the target's argmax;
@@ -150,7 +161,7 @@ def eval_counts(s: StepSettings, params, target_params, batch: dict, depth: int)
     positions_BxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     target_k, target_v, target_h = causal_forward(target_params, s.target, tokens_BxT, positions_BxT,
                                                   final_hidden=True, impl=s.impl)
-    w_dxV = lm_head_kernel(target_params)
+    w_dxV, vocab = lm_head_kernel(target_params), s.loss_vocab(target_params)
     d = target_h.shape[-1]
     greedy_BxT = chunked_argmax(target_h.reshape(-1, d), w_dxV, s.chunk_tokens).reshape(B, T)
     preds = []
@@ -159,8 +170,8 @@ def eval_counts(s: StepSettings, params, target_params, batch: dict, depth: int)
                                 jnp.full((B,), shift, jnp.int32))
         if shift == 1:
             root = chunked_token_sums(y_BxTxd[:, :-1].reshape(-1, d), w_dxV, tokens_BxT[:, 1:].reshape(-1),
-                                      targets_BxT[:, 1:].reshape(-1), s.chunk_tokens)
-        preds.append(chunked_argmax(y_BxTxd.reshape(-1, d), w_dxV, s.chunk_tokens).reshape(B, T))
+                                      targets_BxT[:, 1:].reshape(-1), s.chunk_tokens, vocab=vocab)
+        preds.append(chunked_argmax(y_BxTxd.reshape(-1, d), w_dxV, s.chunk_tokens, vocab).reshape(B, T))
     accepted_BxT, roots_BxT = chain_accepted(jnp.stack(preds), greedy_BxT, tokens_BxT, lengths_B)
     labelled_BxT = targets_BxT[:, 1:].astype(bool)
     return {"nll": root.nll, "correct": root.correct, "count": root.count,

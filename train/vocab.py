@@ -3,10 +3,10 @@ the K most frequent tokens the draft is trained to predict (the target positions
 ``draft_vocab.npy`` beside the run's checkpoints; ``train.export`` copies it beside the exported weights, where
 ``load_draft`` reads it.
 
-The loss stays over the full vocabulary, so one trained draft serves every K (chosen again at load time with
-``load_draft(..., draft_vocab=)``). At their optima the full loss and a loss restricted to the subset propose
-alike (the data's next-token distribution renormalised over the subset); whether a finite draft trained with the
-restricted loss accepts more is not measured.
+With ``draft.vocab_loss: full`` the loss stays over the full vocabulary, so one trained draft serves every K
+(chosen again at load time with ``load_draft(..., draft_vocab=)``); with ``subset`` it is over the K columns the
+draft proposes from (:mod:`train.loss`). At their optima both propose alike (the data's next-token distribution
+renormalised over the subset); a finite draft trained over the subset spends all of its capacity there.
 """
 
 from __future__ import annotations
@@ -31,13 +31,15 @@ def predicted_tokens(rows: TokenRows):
         yield batch["tokens"][batch["targets"] > 0]
 
 
-def write_run_vocab(rows: TokenRows, k: int, vocab_size: int, directory: str) -> str:
-    """Writes the ``k`` most frequent predicted tokens of ``rows`` to ``directory/draft_vocab.npy``; returns
-    its path."""
+def run_vocab(rows: TokenRows, k: int, vocab_size: int, directory: str | None) -> np.ndarray:
+    """The sorted ids of the ``k`` most frequent predicted tokens of ``rows``, also written to
+    ``directory/draft_vocab.npy`` unless ``directory`` is ``None``."""
     if k > vocab_size:
         raise ConfigError(f"draft.vocab_size {k} exceeds the target's vocabulary of {vocab_size} tokens")
     ids = most_frequent_tokens(token_counts(predicted_tokens(rows), vocab_size), k)
-    return save_draft_vocab(ids, os.fspath(directory))
+    if directory is not None:
+        save_draft_vocab(ids, os.fspath(directory))
+    return ids
 
 
 def text_token_counts(files: list[str], field: str, tokenizer, vocab_size: int, progress=None) -> np.ndarray:
