@@ -11,7 +11,8 @@ generation window, with its exact probability. Two statistics compare a large ba
   mean zero given its prefix, so the sum has mean zero under the target, and its exact covariance comes from
   the enumeration. With V - 1 degrees of freedom instead of hundreds of cells, it sees small drifts towards or
   away from the target's top tokens (a sampler that is slightly greedy or slightly flat) that the chi-square
-  spreads too thin.
+  spreads too thin. For outputs too long to enumerate, the same residual sums over their tokens, each against
+  its own conditional (:func:`sequential_rank_residual_pvalue`).
 """
 
 from __future__ import annotations
@@ -34,34 +35,39 @@ def _rms_norm(x, weight, eps):
     return weight * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
 
 
-def _rope(x_RxTxHxD, theta):
-    T, D = x_RxTxHxD.shape[1], x_RxTxHxD.shape[-1]
-    angles = np.arange(T)[:, None] * theta ** (-np.arange(0, D, 2) / D)[None]       # [T, D/2]
+def _rope(x_RxTxHxD, theta, positions_T):
+    D = x_RxTxHxD.shape[-1]
+    angles = positions_T[:, None] * theta ** (-np.arange(0, D, 2) / D)[None]        # [T, D/2]
     angles = np.concatenate([angles, angles], -1)[None, :, None]
     rotated = np.concatenate([-x_RxTxHxD[..., D // 2:], x_RxTxHxD[..., :D // 2]], -1)
     return x_RxTxHxD * np.cos(angles) + rotated * np.sin(angles)
 
 
-def target_logits(params: dict, config: TargetConfig, tokens_RxT: np.ndarray) -> np.ndarray:
-    """Causal-LM logits ``[R, T, V]`` (float64) of whole sequences at positions 0..T-1, without a cache.
+def target_logits(params: dict, config: TargetConfig, tokens_RxT: np.ndarray, positions_T=None,
+                  last: int | None = None) -> np.ndarray:
+    """Causal-LM logits ``[R, T, V]`` (float64) of whole sequences at positions 0..T-1 (or ``positions_T``),
+    without a cache. With ``last``, the logits of the last ``last`` tokens only, ``[R, last, V]``: the last layer
+    attends from those queries alone, so a one-layer target costs O(T) per logit row, not O(T^2).
     Plain Llama: default RoPE, no biases."""
     assert config.model_type == "llama" and config.rope.rope_type == "default"
     assert not (config.qkv_bias or config.o_bias or config.mlp_bias)
     f64 = lambda a: np.asarray(a, np.float64)
     R, T = tokens_RxT.shape
     H, K, Dh, I = config.num_heads, config.num_kv_heads, config.head_dim, config.intermediate_size
-    causal = np.tril(np.ones((T, T), bool))
+    positions_T = f64(np.arange(T) if positions_T is None else positions_T)
     x = f64(params["embed"])[tokens_RxT]
-    for layer in params["layers"]:
+    for i, layer in enumerate(params["layers"]):
+        first = T - last if last is not None and i == len(params["layers"]) - 1 else 0   # queries first..T-1
         qkv = _rms_norm(x, f64(layer["attn_norm"]), config.rms_norm_eps) @ f64(layer["wqkv"])
-        q = _rope(qkv[..., :H * Dh].reshape(R, T, H, Dh), config.rope.theta)
-        k = _rope(qkv[..., H * Dh:(H + K) * Dh].reshape(R, T, K, Dh), config.rope.theta)
+        q = _rope(qkv[:, first:, :H * Dh].reshape(R, T - first, H, Dh), config.rope.theta, positions_T[first:])
+        k = _rope(qkv[..., H * Dh:(H + K) * Dh].reshape(R, T, K, Dh), config.rope.theta, positions_T)
         v = qkv[..., (H + K) * Dh:].reshape(R, T, K, Dh)
         k, v = np.repeat(k, H // K, axis=2), np.repeat(v, H // K, axis=2)   # query head h reads kv head h // G
+        causal = np.arange(first, T)[:, None] >= np.arange(T)[None]
         scores = np.where(causal, np.einsum("rthd,rshd->rhts", q, k) / np.sqrt(Dh), -np.inf)
         weights = np.exp(scores - scores.max(-1, keepdims=True))
         weights /= weights.sum(-1, keepdims=True)
-        x = x + np.einsum("rhts,rshd->rthd", weights, v).reshape(R, T, H * Dh) @ f64(layer["wo"])
+        x = x[:, first:] + np.einsum("rhts,rshd->rthd", weights, v).reshape(R, T - first, H * Dh) @ f64(layer["wo"])
         gate_up = _rms_norm(x, f64(layer["mlp_norm"]), config.rms_norm_eps) @ f64(layer["w_gate_up"])
         gate, up = gate_up[..., :I], gate_up[..., I:]
         x = x + (gate / (1 + np.exp(-gate)) * up) @ f64(layer["w_down"])
@@ -189,7 +195,23 @@ def rank_residual_pvalue(samples_per_prompt: list[list[tuple]], exact_per_prompt
         by_output = dict(zip(outputs, residuals))
         total = total + np.sum([by_output[x] for x in samples], axis=0)
         covariance = covariance + len(samples) * (residuals.T * probs) @ residuals
-    eigenvalues, eigenvectors = np.linalg.eigh(covariance)
+    return _mean_zero_pvalue(total, covariance)
+
+
+def sequential_rank_residual_pvalue(conditionals_NxV: np.ndarray, tokens_N: np.ndarray) -> float:
+    """The rank-residual test for N tokens of long outputs, each drawn from ``conditionals[n]`` (its sampling
+    distribution given its own prefix): ``S = sum_n onehot(rank of x_n) - p_sorted_n`` is a sum of martingale
+    differences, of mean zero and covariance ``sum_n diag(p_sorted_n) - p_sorted_n p_sorted_n^T``."""
+    order_NxV = np.argsort(-conditionals_NxV, -1, kind="stable")
+    sorted_NxV = np.take_along_axis(conditionals_NxV, order_NxV, -1)
+    ranks_N = np.argsort(order_NxV, -1)[np.arange(len(tokens_N)), tokens_N]
+    total = np.bincount(ranks_N, minlength=conditionals_NxV.shape[1]) - sorted_NxV.sum(0)
+    return _mean_zero_pvalue(total, np.diag(sorted_NxV.sum(0)) - sorted_NxV.T @ sorted_NxV)
+
+
+def _mean_zero_pvalue(total_V: np.ndarray, covariance_VxV: np.ndarray) -> float:
+    """``S^T Cov^+ S ~ chi2(rank of Cov)`` for a sum ``S`` of mean zero and covariance ``Cov``."""
+    eigenvalues, eigenvectors = np.linalg.eigh(covariance_VxV)
     keep = eigenvalues > 1e-9 * eigenvalues.max()
-    projected = eigenvectors[:, keep].T @ total
+    projected = eigenvectors[:, keep].T @ total_V
     return float(stats.chi2.sf(np.sum(projected ** 2 / eigenvalues[keep]), keep.sum()))

@@ -109,9 +109,10 @@ def first_layer_draft(target: Target) -> Draft:
     """A draft whose self-attention and MLP are the target's first layer (its cross-attention has random
     weights of the draft's init scale): it predicts the target well, not exactly (no second layer, no final
     norm, an 8-token window)."""
-    config = DraftConfig.from_target(CONFIG, window=8)
+    tc = target.config
+    config = DraftConfig.from_target(tc, window=8)
     layer = target.params["layers"][0]
-    H, K, D, I = CONFIG.num_heads, CONFIG.num_kv_heads, CONFIG.head_dim, CONFIG.intermediate_size
+    H, K, D, I = tc.num_heads, tc.num_kv_heads, tc.head_dim, tc.intermediate_size
     wq, wk, wv = np.split(np.asarray(layer["wqkv"]), [H * D, (H + K) * D], axis=1)
     gate, up = np.split(np.asarray(layer["w_gate_up"]), [I], axis=1)
     copied = {("input_layernorm", "weight"): layer["attn_norm"], ("self_attn", "q_proj", "kernel"): wq,

@@ -60,6 +60,9 @@ def test_example_configs_load(setup, name):
     ("optim.lr=-1", r"optim.lr must be positive"),
     ("draft.init=/no/such/draft", r"draft.init: not found"),
     ("draft.vocab_size=-1", r"draft.vocab_size must be >= 0, got -1"),
+    ("anchor.offset_ceiling=0", r"anchor.offset_ceiling must be a positive integer, or null .*got 0"),
+    ("anchor.offset_ceiling=window", r"bad value for anchor.offset_ceiling"),
+    ("anchor.context_margin=-1", r"anchor.context_margin must be >= 0, got -1"),
     ("draft.vocab_loss=top", r"draft.vocab_loss must be one of full, subset, got 'top'"),
     ("draft.vocab_loss=subset", r"draft.vocab_loss subset needs a draft vocabulary: set draft.vocab_size > 0"),
 ])
@@ -67,6 +70,15 @@ def test_bad_configs_are_named(setup, override, message):
     _, _, _, path = setup
     with pytest.raises(ConfigError, match=message):
         load_config(str(path), [override])
+
+
+def test_offset_ceiling_null_is_the_whole_window(setup, tmp_path):
+    """``anchor.offset_ceiling: null``, in the YAML or as an override, keeps None (the target's whole window)."""
+    root, target, train, base = setup
+    path = write_config(tmp_path / "whole.yaml", target, [train], root / "ckpt", anchor={"offset_ceiling": None})
+    assert "offset_ceiling: null" in path.read_text()
+    assert load_config(str(path)).anchor.offset_ceiling is None
+    assert load_config(str(base), ["anchor.offset_ceiling=null"]).anchor.offset_ceiling is None
 
 
 def test_missing_required_values_and_files(setup, tmp_path):

@@ -16,7 +16,8 @@ from tests.conftest import build_hf_model, save_hf_model
 from tests.test_draft import WINDOW, random_draft, random_inputs, target_config, torch_draft
 from tests.torch_reference_draft import draft_logits
 from train.config import AnchorSection
-from train.recipe import anchor_offset_positions, draft_train_hidden, noise_shifts, shifted_cross_attention
+from train.recipe import (anchor_offset_positions, draft_train_hidden, noise_shifts, offset_ceiling,
+                          shifted_cross_attention)
 
 MAX_POSITIONS = 32768
 
@@ -56,6 +57,22 @@ def test_anchor_offset_positions_have_the_documented_form():
                                          AnchorSection(offset_ceiling=1000, length_threshold=2000), MAX_POSITIONS)
     np.testing.assert_array_equal(at_ceiling, np.broadcast_to(np.arange(8), (4, 8)))
     assert len({tuple(r) for r in pos[256:264]}) == 8
+
+
+def test_offsets_without_a_ceiling_cover_the_whole_window():
+    """``offset_ceiling=None`` draws offsets over the target's whole window less the margin: at a 128k window,
+    about half of the rows reach past 64k; the recipe's ceiling of 30000 keeps every row below it."""
+    window, B, T = 131072, 4096, 64
+    keys, lengths = jax.random.split(jax.random.PRNGKey(0), B), jnp.full((B,), T)
+    whole = AnchorSection(offset_ceiling=None)
+    assert offset_ceiling(whole, window) == window - whole.context_margin
+    assert offset_ceiling(AnchorSection(), window) == 30000 and offset_ceiling(AnchorSection(), 20000) == 19000
+    pos = np.asarray(anchor_offset_positions(keys, lengths, T, whole, window))
+    offsets = np.asarray([_split_form(row)[1] for row in pos])
+    max_off = window - whole.context_margin - T
+    assert pos.dtype == np.int32 and offsets.max() <= max_off and offsets.max() > 0.99 * max_off
+    assert pos.max() < window - whole.context_margin and 0.4 < (pos.max(axis=1) > 65536).mean() < 0.6
+    assert np.asarray(anchor_offset_positions(keys, lengths, T, AnchorSection(), window)).max() < 30000
 
 
 def test_noise_shifts_cover_one_to_max():

@@ -63,7 +63,8 @@ class AnchorSection:
 
     enabled: bool = True
     max_anchors: int = 4            # anchor count drawn from 0..max_anchors
-    offset_ceiling: int = 30000     # offset drawn from 0..min(ceiling, max_positions - margin) - length
+    offset_ceiling: int | None = 30000  # offset drawn from 0..min(ceiling, max_positions - margin) - length;
+                                        # null: the target's whole window, max_positions - margin
     context_margin: int = 1000
     length_threshold: int = 1200    # sequences longer than this keep plain positions
 
@@ -222,12 +223,16 @@ def validate(c: TrainConfig) -> None:
                             ("train.log_every", c.train.log_every, 1), ("checkpoint.every", c.checkpoint.every, 1),
                             ("checkpoint.keep", c.checkpoint.keep, 1), ("draft.window", c.draft.window, 1),
                             ("noise.max_shift", c.noise.max_shift, 1), ("loss.chunk_tokens", c.loss.chunk_tokens, 1),
-                            ("anchor.max_anchors", c.anchor.max_anchors, 0), ("mesh.data", c.mesh.data, 0),
+                            ("anchor.max_anchors", c.anchor.max_anchors, 0),
+                            ("anchor.context_margin", c.anchor.context_margin, 0), ("mesh.data", c.mesh.data, 0),
                             ("mesh.fsdp", c.mesh.fsdp, 1), ("train.eval_every", c.train.eval_every, 0),
                             ("data.eval_rows", c.data.eval_rows, 1), ("data.num_proc", c.data.num_proc, 0),
                             ("draft.vocab_size", c.draft.vocab_size, 0)):
         if value < low:
             raise ConfigError(f"{key} must be >= {low}, got {value}")
+    if c.anchor.offset_ceiling is not None and c.anchor.offset_ceiling < 1:
+        raise ConfigError(f"anchor.offset_ceiling must be a positive integer, or null for the target's whole window, "
+                          f"got {c.anchor.offset_ceiling}")
     if not c.optim.lr > 0:
         raise ConfigError(f"optim.lr must be positive, got {c.optim.lr}")
     if not 0 <= c.optim.warmup_ratio < 1:

@@ -16,12 +16,19 @@ from longspec_jax.draft import DraftLayer
 from train.config import AnchorSection
 
 
+def offset_ceiling(anchor: AnchorSection, max_positions: int) -> int:
+    """The bound of a row's offset plus its length: ``min(offset_ceiling, max_positions - context_margin)``, or
+    the whole window ``max_positions - context_margin`` where ``offset_ceiling`` is None."""
+    window = max_positions - anchor.context_margin
+    return window if anchor.offset_ceiling is None else min(anchor.offset_ceiling, window)
+
+
 def anchor_offset_positions(keys_B, lengths_B, seq_len: int, anchor: AnchorSection, max_positions: int):
     """Position ids ``[B, T]``: ``0 .. T-1``, except that for sequences of at most ``length_threshold`` tokens
     every position from the anchor count ``a ~ U{0..max_anchors}`` on is shifted by ``o ~ U{0..max_off}``,
-    ``max_off = max(min(offset_ceiling, max_positions - context_margin) - length, 0)``. The first ``a`` tokens
-    (the anchors) keep positions ``0..a-1``; the rest start at ``a + o``. One key per sequence."""
-    ceiling = min(anchor.offset_ceiling, max_positions - anchor.context_margin)
+    ``max_off = max(offset_ceiling(anchor, max_positions) - length, 0)``. The first ``a`` tokens (the anchors)
+    keep positions ``0..a-1``; the rest start at ``a + o``. One key per sequence."""
+    ceiling = offset_ceiling(anchor, max_positions)
     t_T = jnp.arange(seq_len, dtype=jnp.int32)
 
     def one(key, length):
