@@ -110,12 +110,14 @@ class EnginePlan:
     buckets: tuple[int, ...]
     speculations: dict  # (bucket, greedy) -> Speculation: what was chosen, and why
     settings: dict      # (bucket, greedy) -> SpecSettings | None
+    rounds_per_step: int = 1  # speculative rounds in one compiled step
     max_stop_tokens: int = MAX_STOP_TOKENS
 
     @classmethod
     def make(cls, target, draft, config) -> "EnginePlan":
-        if config.max_batch < 1 or config.max_queue < 0 or config.max_context < 2:
-            raise ValueError(f"max_batch must be >= 1, max_queue >= 0 and max_context >= 2; got {config}")
+        if config.max_batch < 1 or config.max_queue < 0 or config.max_context < 2 or config.rounds_per_step < 1:
+            raise ValueError(f"max_batch and rounds_per_step must be >= 1, max_queue >= 0 and max_context >= 2; "
+                             f"got {config}")
         chunk = config.prefill_chunk
         if chunk <= 0 or chunk & (chunk - 1):
             raise ValueError(f"prefill_chunk must be a positive power of two, got {chunk}")
@@ -157,7 +159,7 @@ class EnginePlan:
                             pending=pending, stop_width=len(eos_ids) + MAX_STOP_TOKENS,
                             prefill_rows=data)
         return cls(shapes=shapes, draft=draft, eos_ids=eos_ids, buckets=buckets, speculations=speculations,
-                   settings=settings)
+                   settings=settings, rounds_per_step=config.rounds_per_step)
 
     def stop_ids(self, params) -> tuple[int, ...]:
         """The tokens that end a request: the target's EOS (unless ``ignore_eos``) and its stop token ids."""

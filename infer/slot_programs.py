@@ -177,7 +177,8 @@ class Programs:
             base = dataclasses.replace(self.plan.shapes.base, sampling=step.sampling)
             fun, loop = functools.partial(plain_step, base, self.plan.shapes.draft, step.use_top_p), "plain"
         else:
-            fun, loop = functools.partial(speculative_step, step.settings, step.use_top_p), "speculative"
+            fun, loop = functools.partial(speculative_step, step.settings, step.use_top_p,
+                                          self.plan.rounds_per_step), "speculative"
         return self._jit(fun, loop, donate_argnums=(2,))
 
     def warm_up(self, progress=None, threads: int | None = None) -> None:

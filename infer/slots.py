@@ -177,19 +177,23 @@ def retire(state: SlotState, row, last) -> SlotState:
 @struct.dataclass
 class StepOutput:
     """What a decode step gave each slot: ``tokens[s, :emitted[s]]`` are its new tokens; ``active``: still
-    decoding after the step; ``verified`` = tokens the round's verification emitted (accepted + 1) for rows that
-    were active."""
+    decoding after the step; ``passes``: the target passes (rounds) it decoded the slot in; ``verified``: the
+    tokens those passes' verifications gave it (accepted + 1 each)."""
 
-    tokens: jax.Array     # [S, A] int32
+    tokens: jax.Array     # [S, X] int32
     emitted: jax.Array    # [S] int32
     active: jax.Array     # [S] bool
-    verified: jax.Array   # [S] int32 (0 for rows not decoding)
+    passes: jax.Array     # [S] int32 (0 for rows not decoding)
+    verified: jax.Array   # [S] int32
 
 
-def _progress(state: SlotState) -> Progress:
+def _step_progress(state: SlotState, width: int) -> tuple[Progress, StopCriteria]:
+    """A step's own output buffer of ``width`` tokens per slot and its stop rule, both counted from the step's
+    start (so the step's new tokens land at ``[0, emitted)``)."""
     S = state.active.shape[0]
-    return Progress(tokens=jnp.zeros((S, 1), jnp.int32), num_generated=state.generated,
-                    num_rounds=jnp.zeros((S,), jnp.int32), done=~state.active)
+    progress = Progress(tokens=jnp.full((S, width), -1, jnp.int32), num_generated=jnp.zeros((S,), jnp.int32),
+                        num_rounds=jnp.zeros((S,), jnp.int32), done=~state.active)
+    return progress, StopCriteria(max_new=state.max_new - state.generated, eos_ids=state.stop_ids)
 
 
 def _per_row(base: DecodeSettings, state: SlotState, use_top_p: bool) -> DecodeSettings:
@@ -200,18 +204,22 @@ def _per_row(base: DecodeSettings, state: SlotState, use_top_p: bool) -> DecodeS
     return dataclasses.replace(base, sampling=state.row_sampling(use_top_p))
 
 
-def speculative_step(settings: SpecSettings, use_top_p: bool, params, weights: DraftWeights,
+def speculative_step(settings: SpecSettings, use_top_p: bool, rounds: int, params, weights: DraftWeights,
                      state: SlotState) -> tuple[SlotState, StepOutput]:
-    """One speculative round of every active slot (``settings.base.sampling`` greedy: every row greedy, beams
-    allowed; otherwise each row samples as its slot says)."""
+    """``rounds`` speculative rounds of every active slot, in one device loop (``settings.base.sampling``
+    greedy: every row greedy, beams allowed; otherwise each row samples as its slot says). A slot that finishes
+    in one of them rides along inactive in the rest."""
     settings = dataclasses.replace(settings, base=_per_row(settings.base, state, use_top_p))
     depth, A = settings.tree.depth, settings.tree.max_accept
+    progress, stop = _step_progress(state, rounds * A)
     spec = SpecState(cache=state.cache, ring=state.ring, pending=state.pending, num_pending=state.num_pending,
-                     progress=_progress(state), accept_counts=jnp.zeros((state.active.shape[0], A), jnp.int32),
+                     progress=progress, accept_counts=jnp.zeros((state.active.shape[0], A), jnp.int32),
                      rank_tried=jnp.zeros((depth, RANK_SLOTS), jnp.int32),
                      rank_accepted=jnp.zeros((depth, RANK_SLOTS), jnp.int32), key=state.keys)
-    spec = spec_round(settings, params, weights, state.stop, spec)
-    return _finish(state, spec.cache, spec.ring, spec.pending, spec.num_pending, spec.progress, spec.key)
+    spec = jax.lax.fori_loop(0, rounds, lambda _, s: spec_round(settings, params, weights, stop, s), spec)
+    verified_S = jnp.sum(spec.accept_counts * jnp.arange(1, A + 1), axis=1)
+    return _finish(state, spec.cache, spec.ring, spec.pending, spec.num_pending, spec.progress, spec.key,
+                   verified_S)
 
 
 def plain_step(base: DecodeSettings, draft: DraftSettings | None, use_top_p: bool, params,
@@ -229,17 +237,20 @@ def plain_step(base: DecodeSettings, draft: DraftSettings | None, use_top_p: boo
         k, v, positions, valid = pending_kv(draft, weights, params, state.cache.lengths, state.pending,
                                             state.num_pending)
         ring = ring.write(k, v, positions, valid & active[:, None])
-    progress = _progress(state).emit(token_S[:, None], jnp.ones_like(token_S), state.stop)
+    progress, stop = _step_progress(state, 1)
+    progress = progress.emit(token_S[:, None], jnp.ones_like(token_S), stop)
     pending = jnp.where(active[:, None], state.pending.at[:, 0].set(token_S), state.pending)
     num_pending = jnp.where(active, 1, state.num_pending)
-    return _finish(state, cache, ring, pending, num_pending, progress, keys)
+    return _finish(state, cache, ring, pending, num_pending, progress, keys, progress.num_rounds)
 
 
-def _finish(state: SlotState, cache, ring, pending, num_pending, progress: Progress, keys):
-    was_active = state.active
-    out = StepOutput(tokens=pending, emitted=progress.num_generated - state.generated, active=~progress.done,
-                     verified=jnp.where(was_active, num_pending, 0))
+def _finish(state: SlotState, cache, ring, pending, num_pending, progress: Progress, keys, verified_S):
+    """The state after a step whose ``progress`` (:func:`_step_progress`) holds its new tokens, and the step's
+    output (``verified_S``: the tokens its verifications gave each slot)."""
+    out = StepOutput(tokens=progress.tokens, emitted=progress.num_generated, active=~progress.done,
+                     passes=progress.num_rounds, verified=verified_S)
     cache = cache.replace(lengths=jnp.where(progress.done, 0, cache.lengths))  # finished rows: nothing to attend
     return pinned(state.replace(cache=cache, ring=ring, pending=pending, num_pending=num_pending,
-                                active=~progress.done, generated=progress.num_generated, keys=keys)), out
+                                active=~progress.done, generated=state.generated + progress.num_generated,
+                                keys=keys)), out
 

@@ -4,6 +4,7 @@ limits, bad requests and a dead loop behave."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -119,6 +120,35 @@ def test_a_seed_reproduces_its_request_and_other_seeds_differ(engine):
               for s in (12, 13)]
     assert a == b
     assert any(h.result() != a for h in others)
+
+
+@pytest.mark.slow
+def test_rounds_per_step_change_no_token_and_every_round_is_counted(engine):
+    """The module's engine runs several rounds per step; one round per step gives every request the same tokens
+    (each row's random stream advances once per round), and both count their rounds and drafted tokens."""
+    assert engine.plan.rounds_per_step > 1
+    one = Engine(engine.target, engine._draft, dataclasses.replace(CONFIG, rounds_per_step=1))
+    one.start()
+    try:
+        params = [RequestParams(max_tokens=n, temperature=t, seed=s, ignore_eos=True)
+                  for n, t, s in ((30, 1.0, 3), (7, 0.0, 0), (19, 0.8, 5), (26, 1.0, 6))]
+        outputs = []
+        for eng in (engine, one):
+            before = eng.stats()
+            handles = [eng.submit(p, q) for p, q in zip(PROMPTS[:4], params)]
+            outputs.append([h.result() for h in handles])
+            after = eng.stats()
+            rounds = after.spec_rounds - before.spec_rounds
+            assert rounds > 0 and after.drafted_tokens - before.drafted_tokens == 6 * rounds
+            # every token after a request's first comes from a round: an accepted draft token or one per round
+            # (a request's last round may verify up to the tree's depth (3) more than max_tokens keeps)
+            generated = after.generation_tokens - before.generation_tokens - len(handles)
+            accepted = after.accepted_tokens - before.accepted_tokens
+            assert generated - rounds <= accepted <= generated - rounds + 3 * len(handles)
+        assert outputs[0] == outputs[1]
+        assert [len(o) for o in outputs[0]] == [30, 7, 19, 26]
+    finally:
+        one.shutdown()
 
 
 @pytest.mark.slow
