@@ -44,10 +44,6 @@ class SlotState:
     top_p: jax.Array           # [S] float32
     keys: jax.Array            # [S, 2] uint32: each slot's random stream
 
-    @property
-    def stop(self) -> StopCriteria:
-        return StopCriteria(max_new=self.max_new, eos_ids=self.stop_ids)
-
     def row_sampling(self, use_top_p: bool) -> RowSampling:
         return RowSampling(temperature=self.temperature, top_p=self.top_p, use_top_p=use_top_p)
 
