@@ -27,9 +27,9 @@ from infer.slot_programs import Admitting, Programs
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
 SHRINK_AFTER_PASSES = 16  # target passes with the used slots in a smaller bucket before the state shrinks to it
-# Speculative rounds per compiled step. On one H100 (8B-cost pair, 31-node sampled tree, 12k context, batch 1) a
-# step of one round took 11.0 ms, of which the kernels kept the GPU busy 9.1 ms; four rounds in one device loop took
-# 9.1 ms a round, as generate()'s rounds do.
+# Speculative rounds per compiled step. On one H100 (2026-12-07; 8B-cost pair, 31-node sampled tree, 12k context,
+# batch 1) a step of one round took 11.0 ms, of which the kernels kept the GPU busy 9.1 ms; four rounds in one
+# device loop took 9.1 ms a round, as generate()'s rounds do.
 ROUNDS_PER_STEP = 4
 
 

@@ -110,7 +110,7 @@ class EnginePlan:
     buckets: tuple[int, ...]
     speculations: dict  # (bucket, greedy) -> Speculation: what was chosen, and why
     settings: dict      # (bucket, greedy) -> SpecSettings | None
-    rounds_per_step: int = 1  # speculative rounds in one compiled step
+    rounds_per_step: int  # speculative rounds in one compiled step
     max_stop_tokens: int = MAX_STOP_TOKENS
 
     @classmethod

@@ -127,7 +127,7 @@ def test_rounds_per_step_change_no_token_and_every_round_is_counted(engine):
     """The module's engine runs several rounds per step; one round per step gives every request the same tokens
     (each row's random stream advances once per round), and both count their rounds and drafted tokens."""
     assert engine.plan.rounds_per_step > 1
-    one = Engine(engine.target, engine._draft, dataclasses.replace(CONFIG, rounds_per_step=1))
+    one = Engine(engine.target, engine.plan.draft, dataclasses.replace(CONFIG, rounds_per_step=1))
     one.start()
     try:
         params = [RequestParams(max_tokens=n, temperature=t, seed=s, ignore_eos=True)
