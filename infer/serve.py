@@ -17,6 +17,7 @@ import socket
 import sys
 from pathlib import Path
 
+from infer.engine import ROUNDS_PER_STEP, EngineConfig
 from infer.generate import DEFAULT_PREFILL_CHUNK
 from infer.main import (DTYPES, ByteTokenizer, _checked, _load, _positive_int, add_model_args, check_model_args,
                         load_draft_arg, model_dirs)
@@ -41,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefill-chunk", type=_positive_int, default=DEFAULT_PREFILL_CHUNK, metavar="C",
                         help="prompt tokens prefilled per engine step (a power of two; a prompt's last piece may be "
                              "a half or a quarter of it): larger is faster, and delays the running streams longer")
+    parser.add_argument("--rounds-per-step", type=_positive_int, default=ROUNDS_PER_STEP, metavar="R",
+                        help="speculative rounds per engine step (one device loop): more spend less time launching "
+                             "programs, and admit waiting requests less often")
     parser.add_argument("--dtype", choices=DTYPES, default="bfloat16")
     parser.add_argument("--tensor-parallel", type=_positive_int, default=1, metavar="N",
                         help="shard the target over the first N devices (a mesh's model axis; 1: one device)")
@@ -52,11 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def engine_config(args) -> EngineConfig:
+    """The engine's configuration from the command line's arguments."""
+    return EngineConfig(max_batch=args.max_batch, max_context=args.max_context, max_queue=args.max_queue,
+                        prefill_chunk=args.prefill_chunk, rounds_per_step=args.rounds_per_step)
+
+
 def load_served(args):
     """Loads the models and starts the engine (compiling it); returns the app's :class:`Served` and a summary."""
     import jax.numpy as jnp
 
-    from infer.engine import Engine, EngineConfig
+    from infer.engine import Engine
     from infer.serve_app import Served
 
     dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}[args.dtype]
@@ -67,9 +77,7 @@ def load_served(args):
     draft = load_draft_arg(draft_dir, target, args.draft_vocab, prog="infer.serve") if draft_dir else None
     name = args.served_model_name or ("tiny-random" if target_dir is None else
                                       "longspec-default" if args.target is None else Path(target_dir).name)
-    config = EngineConfig(max_batch=args.max_batch, max_context=args.max_context, max_queue=args.max_queue,
-                          prefill_chunk=args.prefill_chunk)
-    engine = Engine(target, draft, config, seed=args.seed)
+    engine = Engine(target, draft, engine_config(args), seed=args.seed)
     engine.start(progress=lambda message: print(f"[infer.serve] {message}", file=sys.stderr, flush=True))
     decode = (tokenizer.decode if isinstance(tokenizer, ByteTokenizer)
               else functools.partial(tokenizer.decode, skip_special_tokens=True))

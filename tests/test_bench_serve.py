@@ -239,22 +239,28 @@ def test_command_line_errors(capsys):
                           (["--concurrency", "", "--smoke"], "no load"),
                           (["--request-rates", "2,-1"], "request rates must be > 0"),
                           (["--bucket", "64-32"], "0 <= LO < HI"),
-                          (["--smoke", "--dtype", "float16"], "--dtype: choose from")):
+                          (["--smoke", "--dtype", "float16"], "--dtype: choose from"),
+                          (["--smoke", "--rounds-per-step", "0"], "--rounds-per-step must be positive")):
         with pytest.raises(SystemExit):
             serve.main(["--out", "unused", *argv])
         assert message in capsys.readouterr().err
 
 
 def test_server_command_lines():
+    from infer.serve import build_parser, engine_config
+
     ns = type("Args", (), dict(target="T", draft="D", max_batch=4, max_context=96, max_queue=8, prefill_chunk=64,
-                               dtype="float32"))
+                               rounds_per_step=3, dtype="float32"))
     tail = ["--host", "127.0.0.1", "--port", "0", "--max-batch", "4", "--max-context", "96", "--max-queue", "8",
-            "--prefill-chunk", "64", "--dtype", "float32"]
+            "--prefill-chunk", "64", "--rounds-per-step", "3", "--dtype", "float32"]
     assert serve.server_argv(ns, "draft", "infer.serve") == [sys.executable, "-m", "infer.serve", "--target", "T",
                                                              "--draft", "D", *tail]
     assert serve.server_argv(ns, "plain", "infer.serve")[3:6] == ["--target", "T", "--no-draft"]
     ns.target = ns.draft = None  # the default model
     assert serve.server_argv(ns, "draft", "m")[3:] == tail and serve.server_argv(ns, "plain", "m")[3] == "--no-draft"
+    config = engine_config(build_parser().parse_args(tail))  # the server reads every setting the bench passes
+    assert (config.max_batch, config.max_context, config.max_queue, config.prefill_chunk,
+            config.rounds_per_step) == (4, 96, 8, 64, 3)
 
 
 def test_servers_and_baselines_are_chosen_by_name():

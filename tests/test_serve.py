@@ -116,6 +116,7 @@ def test_requests_beyond_what_is_served_are_refused(body, param):
 @pytest.mark.parametrize("argv, message", [
     (["--no-draft", "--draft", "."], "either --draft or --no-draft"), (["--port", "70000"], "--port"),
     (["--target", "/no/such/dir"], "not a directory"), (["--max-batch", "0"], "positive integer"),
+    (["--rounds-per-step", "0"], "positive integer"),
     (["--tiny-random", "--target", "."], "either --target or --tiny-random")])
 def test_command_line_errors(argv, message, capsys):
     from infer.serve import main

@@ -48,6 +48,7 @@ from infer.bench.harness import (add_sized_args, arg_parser, finish, log, median
 from infer.bench.serve_load import Level, loopback_url, poisson_arrivals, request_bodies, run_levels, static_batch_e2e
 from infer.bench.serve_report import SERVERS, comparisons, markdown, plot
 from infer.bench.task_data import read_jsonl, repo_completion
+from infer.engine import ROUNDS_PER_STEP
 from infer.generate import DEFAULT_PREFILL_CHUNK
 from infer.main import DEFAULT_MODEL, DTYPES, positive_ints_arg, temperature_arg
 
@@ -212,7 +213,8 @@ def server_argv(args, server: str, server_module: str) -> list[str]:
     models += ["--no-draft"] if server == "plain" else (["--draft", args.draft] if args.draft else [])
     return [sys.executable, "-m", server_module, *models, "--host", "127.0.0.1", "--port", "0",
             "--max-batch", str(args.max_batch), "--max-context", str(args.max_context),
-            "--max-queue", str(args.max_queue), "--prefill-chunk", str(args.prefill_chunk), "--dtype", args.dtype]
+            "--max-queue", str(args.max_queue), "--prefill-chunk", str(args.prefill_chunk),
+            "--rounds-per-step", str(args.rounds_per_step), "--dtype", args.dtype]
 
 
 def run(args, server_module: str = "infer.serve") -> dict:
@@ -275,6 +277,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-context", type=int, help="tokens per slot (default: the bucket's top + --max-tokens)")
     p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, help="prompt tokens per prefill "
                    f"call, of the servers and the baseline (default {DEFAULT_PREFILL_CHUNK})")
+    p.add_argument("--rounds-per-step", type=int, default=ROUNDS_PER_STEP, help="the draft server's speculative "
+                   f"rounds per engine step (default {ROUNDS_PER_STEP})")
     p.add_argument("--max-queue", type=int, default=256, help="the server's waiting requests at most (default 256)")
     p.add_argument("--warmup", type=int, help="untimed requests sent at once first (default: the largest "
                                               "concurrency level, or --max-batch)")
@@ -294,8 +298,8 @@ def main(argv=None) -> int:
         p.error(f"--dtype: choose from {', '.join(DTYPES)}")
     if bool(args.target) != bool(args.draft):
         p.error("--target and --draft go together (the benchmark runs the server with the draft and without)")
-    if args.num_requests <= 0 or args.max_tokens <= 0:
-        p.error("--num-requests and --max-tokens must be positive")
+    if min(args.num_requests, args.max_tokens, args.rounds_per_step) <= 0:
+        p.error("--num-requests, --max-tokens and --rounds-per-step must be positive")
     if args.max_context is None:
         args.max_context = args.bucket[1] + args.max_tokens
     if args.warmup is None:
