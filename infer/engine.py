@@ -27,10 +27,7 @@ from infer.slot_programs import Admitting, Programs
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
 SHRINK_AFTER_PASSES = 16  # target passes with the used slots in a smaller bucket before the state shrinks to it
-# Speculative rounds per compiled step. On one H100 (2026-12-07; 8B-cost pair, 31-node sampled tree, 12k context,
-# batch 1) a step of one round took 11.0 ms, of which the kernels kept the GPU busy 9.1 ms; four rounds in one
-# device loop took 9.1 ms a round, as generate()'s rounds do.
-ROUNDS_PER_STEP = 4
+ROUNDS_PER_STEP = 4  # speculative rounds per step while no prompt waits to be prefilled
 
 
 class QueueFull(RuntimeError):
@@ -46,10 +43,9 @@ class EngineConfig:
     """``max_batch`` slots, each holding up to ``max_context`` tokens (prompt + output); ``max_queue`` waiting
     requests at most; prompts prefilled ``prefill_chunk`` tokens at a time between decode steps. With a draft,
     ``tree_shape`` and ``draft_sampling`` fix the speculation as in ``generate()`` (``None``: chosen per load;
-    ``draft_sampling`` applies to batches with sampled rows); ``rounds_per_step`` speculative rounds run in each
-    compiled step, one device loop, between the host's admissions and streaming (more: less launch overhead per
-    round, coarser streaming). ``reproducible``: compiled with ``generate()``'s reproducible XLA options (the same
-    tokens in every process, and as ``generate()``'s default)."""
+    ``draft_sampling`` applies to batches with sampled rows); a step runs ``rounds_per_step`` speculative rounds
+    in one device loop (one while a prompt waits to be prefilled). ``reproducible``: compiled with ``generate()``'s
+    reproducible XLA options (the same tokens in every process, and as ``generate()``'s default)."""
 
     max_batch: int = 4
     max_context: int = 4096
@@ -341,12 +337,15 @@ class Engine:
 
     def _launch_step(self) -> tuple:
         """Dispatches one decode step of the running requests (asynchronously): the requests of its rows, the step,
-        and its outputs, read by :meth:`_finish_step` once the next step is dispatched."""
+        its rounds and its outputs, read by :meth:`_finish_step` once the next step is dispatched. The step runs
+        one round while a prompt waits to be prefilled, so that its pieces come between short steps."""
         handles = list(self._running)
         step = self.plan.step_for(handles, self.programs.rows)
-        return handles, step, self.programs.decode(step)
+        prefilling = self._admitting is not None or (self._waiting and len(handles) < self.config.max_batch)
+        rounds = 1 if prefilling or step.settings is None else self.plan.rounds_per_step
+        return handles, step, rounds, self.programs.decode(step, rounds)
 
-    def _finish_step(self, handles: list, step, out) -> None:
+    def _finish_step(self, handles: list, step, rounds: int, out) -> None:
         """Streams a decode step's tokens and ends the requests it finished. Rows ended since it was dispatched
         (cancelled, or finished by the step before, riding along inactive) are skipped."""
         n = len(handles)
@@ -373,7 +372,7 @@ class Engine:
                 finished.append((self._running.index(handle), Chunk(new, self._reason(handle, new))))
         for row, chunk in sorted(finished, key=lambda f: -f[0]):  # the last rows first: the moved rows still run
             self._release(row, chunk)
-        self._shrink_when_idle(1 if step.settings is None else self.plan.rounds_per_step)
+        self._shrink_when_idle(rounds)
 
     def _shrink_when_idle(self, passes: int) -> None:
         """Moves the state to a smaller batch bucket once the used rows have fitted one for a while and nobody

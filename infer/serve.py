@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="prompt tokens prefilled per engine step (a power of two; a prompt's last piece may be "
                              "a half or a quarter of it): larger is faster, and delays the running streams longer")
     parser.add_argument("--rounds-per-step", type=_positive_int, default=ROUNDS_PER_STEP, metavar="R",
-                        help="speculative rounds per engine step (one device loop): more spend less time launching "
-                             "programs, and admit waiting requests less often")
+                        help="speculative rounds per engine step, in one device loop (one round while a prompt "
+                             "waits to be prefilled): more spend less time launching programs")
     parser.add_argument("--dtype", choices=DTYPES, default="bfloat16")
     parser.add_argument("--tensor-parallel", type=_positive_int, default=1, metavar="N",
                         help="shard the target over the first N devices (a mesh's model axis; 1: one device)")

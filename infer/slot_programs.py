@@ -102,7 +102,7 @@ class Programs:
             return self._jitted[program].lower(self.params, self.weights, state, *args)
         if program == "retire":
             return self._jitted[program].lower(state, *args)
-        return self._step(program).lower(self.params, self.weights, state)
+        return self._step(program).lower(self.params, self.weights, state, *args)
 
     def _executable(self, key, lower):
         """The executable of ``key``, compiled from ``lower()`` the first time it is asked for."""
@@ -166,9 +166,10 @@ class Programs:
                 leaves[i] = self._resize(leaves[i], rows, fill)  # the old array is freed here
         self.state, self.rows = jax.tree.unflatten(treedef, leaves), rows
 
-    def decode(self, step: Step) -> StepOutput:
-        """Runs one decode step of every slot."""
-        self.state, out = self._run(step)
+    def decode(self, step: Step, rounds: int = 1) -> StepOutput:
+        """Runs one decode step of every slot: a plain step, or ``rounds`` speculative rounds (at most the plan's
+        ``rounds_per_step``: one program runs any count)."""
+        self.state, out = self._run(step, *_rounds_arg(step, rounds))
         return out
 
     def _step(self, step: Step):
@@ -218,7 +219,7 @@ class Programs:
                                                       self._admission(0, [0], probe, 0, []))
                 lowered["retire", rows] = self._lower("retire", state, row, row)
                 for step in self.plan.steps(rows):
-                    lowered[step, rows] = self._lower(step, state)
+                    lowered[step, rows] = self._lower(step, state, *_rounds_arg(step, 1))
         self._compile(lowered, progress, threads)
 
     def _compile(self, lowered: dict, progress, threads: int) -> None:
@@ -227,6 +228,11 @@ class Programs:
             progress(f"compiling {len(lowered)} programs, {min(threads, len(lowered))} at a time")
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
             self._executables.update(zip(lowered, pool.map(lambda program: program.compile(), lowered.values())))
+
+
+def _rounds_arg(step: Step, rounds: int) -> tuple:
+    """A decode step's arguments after the state: the round count of a speculative step."""
+    return () if step.settings is None else (np.int32(rounds),)
 
 
 def _resize_rows(x_Sx, rows: int, fill):

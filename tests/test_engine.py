@@ -152,6 +152,30 @@ def test_rounds_per_step_change_no_token_and_every_round_is_counted(engine):
 
 
 @pytest.mark.slow
+def test_a_step_runs_one_round_while_a_prompt_is_prefilled(engine, monkeypatch):
+    """A running request decodes ``rounds_per_step`` rounds per step, and one round per step while another's
+    prompt is prefilled piece by piece between the steps; both requests get their solo greedy tokens."""
+    steps = []  # (speculative, rounds, a prompt being prefilled), in the loop thread
+    decode = engine.programs.decode
+
+    def recorded(step, rounds=1):
+        steps.append((step.settings is not None, rounds, engine._admitting is not None))
+        return decode(step, rounds)
+
+    monkeypatch.setattr(engine.programs, "decode", recorded)
+    running = engine.submit(PROMPTS[3], RequestParams(max_tokens=90, ignore_eos=True))
+    while not steps:
+        time.sleep(0.005)
+    long_prompt = PROMPTS[1] * 2  # 80 tokens: five pieces of 16
+    joining = engine.submit(long_prompt, RequestParams(max_tokens=8, ignore_eos=True))
+    assert running.result() == _solo(engine.target, PROMPTS[3], 90)
+    assert joining.result() == _solo(engine.target, long_prompt, 8)
+    during = [rounds for speculative, rounds, prefilling in steps if speculative and prefilling]
+    assert len(during) >= 4 and set(during) == {1}  # a step between each two of the five pieces
+    assert engine.plan.rounds_per_step in {rounds for speculative, rounds, _ in steps if speculative}
+
+
+@pytest.mark.slow
 def test_cancel_frees_the_slot_and_a_full_queue_refuses_at_once(engine):
     long = [engine.submit(PROMPTS[1], RequestParams(max_tokens=80, ignore_eos=True)) for _ in range(CONFIG.max_batch)]
     while engine.stats().running < CONFIG.max_batch:
