@@ -4,6 +4,7 @@ matches HF greedy decoding."""
 from __future__ import annotations
 
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -97,3 +98,18 @@ def test_prompt_logits_match_transformers_float32(target_f32, hf_model):
     with torch.no_grad():
         expected = hf_model(torch.tensor([ids])).logits[0, -1].numpy()
     assert np.abs(np.asarray(logits)[0] - expected).max() < 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", ["0", "0.7"])
+def test_the_first_command_writes_python_without_repeating_a_line(temperature, capsys):
+    """``python -m infer.main --prompt "def fibonacci(n):"`` at T = 0 and 0.7: 64 tokens of Python-shaped code (an
+    assignment or a return), no line more than twice, and the decode rate and tau reported."""
+    from infer.main import main
+
+    assert main(["--prompt", "def fibonacci(n):", "--temperature", temperature]) == 0
+    out, err = capsys.readouterr()
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    assert len(lines) >= 4 and max(lines.count(line) for line in lines) <= 2, out
+    assert re.search(r"^\s*(return\b|[\w.]+(\[[^]]*\])? = )", out, re.M), out
+    assert re.search(r"decode 63 tokens in [\d.]+ s: [\d.]+ tokens/s", err) and "tokens per round (tau)" in err, err
