@@ -222,7 +222,7 @@ def test_plain_engine_equals_generate_and_a_dead_loop_refuses_requests():
     assert stats.spec_rounds == 0 and stats.generation_tokens == 60
     assert stats.plain_steps == 5 * 11  # every token after a request's first comes from a plain step
 
-    def broken(step):
+    def broken(step, rounds):
         raise RuntimeError("device lost")
 
     engine.programs.decode = broken
