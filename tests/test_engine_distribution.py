@@ -50,7 +50,7 @@ def _batch(programs: Programs, plan, case: Case, seed: int) -> list[list[int]]:
     for slot in range(SLOTS):
         tokens[slot].append(int(firsts[slot]))
     while bool(np.any(np.asarray(programs.state.active))):
-        out = programs.decode(step)
+        out = programs.decode(step, plan.rounds_per_step)  # every round of a step's device loop
         emitted, new = np.asarray(out.emitted), np.asarray(out.tokens)
         for slot in np.flatnonzero(emitted):
             tokens[slot] += new[slot, :emitted[slot]].tolist()
