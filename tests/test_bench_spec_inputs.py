@@ -149,3 +149,22 @@ def test_rope_parameters_copies_target_and_drafts(tmp_path):
         logits, logits_before = (m(torch.tensor([prompt])).logits[0, -1] for m in (hf, hf_before))
     assert ours == theirs
     assert float((logits - logits_before).abs().max()) > 1e-3  # the edit changed the function
+
+
+@pytest.mark.parametrize("rope, window", [
+    ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 16384}, 131072),  # grows
+    ({"rope_type": "llama3", "factor": 2.0, "original_max_position_embeddings": 1024}, 32768),  # never shrinks
+    ({"rope_theta": 5e5}, 32768)])  # no factor: the window stays
+def test_rope_parameters_widen_the_window_to_factor_times_original(tmp_path, rope, window):
+    """As in Hugging Face configs, the scaled window is ``factor x original_max_position_embeddings``: the edited
+    target and its drafts take prompts that long."""
+    import json
+
+    for name in ("target", "draft"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"max_position_embeddings": 32768}))
+    target, drafts = spec_inputs.with_rope_parameters(str(tmp_path / "target"), {"a": str(tmp_path / "draft")},
+                                                      rope, str(tmp_path / "work"))
+    for directory in (target, drafts["a"]):
+        with open(f"{directory}/config.json") as f:
+            assert json.load(f)["max_position_embeddings"] == window

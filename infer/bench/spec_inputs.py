@@ -57,7 +57,9 @@ def load_target_and_drafts(target: str, drafts: dict[str, str], pad_script: str 
 def with_rope_parameters(target: str, drafts: dict[str, str], rope: dict, work: str) -> tuple[str, dict[str, str]]:
     """Copies of the target and each draft directory (in ``work``; files other than ``config.json`` linked) whose
     ``config.json`` has ``rope`` merged into its RoPE parameters: e.g. llama3-style scaling, to run a target past
-    the context it was trained on. The drafts get the same edit, so they still describe their target."""
+    the context it was trained on. The drafts get the same edit, so they still describe their target. As in
+    Hugging Face configs, a ``factor`` with ``original_max_position_embeddings`` sets ``max_position_embeddings``
+    to their product where that is larger (factor 8 over 16,384 positions: a 131,072-position window)."""
     def edit(src: str, dst: str) -> str:
         os.makedirs(dst, exist_ok=True)
         for name in os.listdir(src):
@@ -67,6 +69,9 @@ def with_rope_parameters(target: str, drafts: dict[str, str], rope: dict, work: 
             cfg = json.load(f)
         params = {**(cfg.pop("rope_scaling", None) or {}), **(cfg.get("rope_parameters") or {}), **rope}
         params.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+        if "factor" in params and "original_max_position_embeddings" in params:
+            window = int(params["factor"] * params["original_max_position_embeddings"])
+            cfg["max_position_embeddings"] = max(cfg.get("max_position_embeddings", 0), window)
         with open(os.path.join(dst, "config.json"), "w", encoding="utf-8") as f:
             json.dump({**cfg, "rope_parameters": params}, f, indent=1)
         return dst
