@@ -336,16 +336,14 @@ class Engine:
         return True
 
     def _launch_step(self) -> tuple:
-        """Dispatches one decode step of the running requests (asynchronously): the requests of its rows, the step,
-        its rounds and its outputs, read by :meth:`_finish_step` once the next step is dispatched. The step runs
-        one round while a prompt waits to be prefilled, so that its pieces come between short steps."""
+        """Dispatches one decode step of the running requests (asynchronously): the requests of its rows, the step
+        and its outputs, read by :meth:`_finish_step` once the next step is dispatched."""
         handles = list(self._running)
-        step = self.plan.step_for(handles, self.programs.rows)
-        prefilling = self._admitting is not None or (self._waiting and len(handles) < self.config.max_batch)
-        rounds = 1 if prefilling or step.settings is None else self.plan.rounds_per_step
-        return handles, step, rounds, self.programs.decode(step, rounds)
+        prefilling = self._admitting is not None or bool(self._waiting and len(handles) < self.config.max_batch)
+        step = self.plan.step_for(handles, self.programs.rows, prefilling)
+        return handles, step, self.programs.decode(step)
 
-    def _finish_step(self, handles: list, step, rounds: int, out) -> None:
+    def _finish_step(self, handles: list, step, out) -> None:
         """Streams a decode step's tokens and ends the requests it finished. Rows ended since it was dispatched
         (cancelled, or finished by the step before, riding along inactive) are skipped."""
         n = len(handles)
@@ -372,7 +370,7 @@ class Engine:
                 finished.append((self._running.index(handle), Chunk(new, self._reason(handle, new))))
         for row, chunk in sorted(finished, key=lambda f: -f[0]):  # the last rows first: the moved rows still run
             self._release(row, chunk)
-        self._shrink_when_idle(rounds)
+        self._shrink_when_idle(step.rounds)
 
     def _shrink_when_idle(self, passes: int) -> None:
         """Moves the state to a smaller batch bucket once the used rows have fitted one for a while and nobody

@@ -82,12 +82,14 @@ def batch_buckets(slots: int, multiple: int = 1) -> tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """A compiled decode step: a speculative round (``settings``) or a plain one (``settings`` None), greedy
-    for every row or per-row sampling (with the top-p filter compiled in or not)."""
+    """A compiled decode step: ``rounds`` speculative rounds in one device loop (``settings``) or a plain step
+    (``settings`` None, one round), greedy for every row or per-row sampling (with the top-p filter compiled in or
+    not)."""
 
     greedy: bool
     use_top_p: bool
     settings: SpecSettings | None
+    rounds: int = 1
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -169,14 +171,20 @@ class EnginePlan:
         """The smallest batch bucket holding ``used`` slots."""
         return next(b for b in self.buckets if b >= used)
 
-    def step_for(self, handles, rows: int) -> Step:
+    def step_for(self, handles, rows: int, prefilling: bool) -> Step:
         """The step for these running requests in a state of ``rows`` slots: the speculation of that bucket,
-        greedy when every request is."""
+        greedy when every request is; ``rounds_per_step`` rounds, or one while a prompt waits to be prefilled (so
+        that its pieces come between short steps)."""
         greedy = all(h.params.temperature < MIN_TEMPERATURE for h in handles)
         use_top_p = any(h.params.top_p < 1 for h in handles if h.params.temperature >= MIN_TEMPERATURE)
-        return Step(greedy=greedy, use_top_p=use_top_p and not greedy, settings=self.settings[rows, greedy])
+        settings = self.settings[rows, greedy]
+        rounds = 1 if prefilling or settings is None else self.rounds_per_step
+        return Step(greedy=greedy, use_top_p=use_top_p and not greedy, settings=settings, rounds=rounds)
 
     def steps(self, rows: int) -> list[Step]:
-        """Every step a state of ``rows`` slots may run: greedy, and sampled with and without the top-p filter."""
-        return [Step(greedy=greedy, use_top_p=use_top_p, settings=self.settings[rows, greedy])
-                for greedy, use_top_p in ((True, False), (False, False), (False, True))]
+        """Every step a state of ``rows`` slots may run: greedy, and sampled with and without the top-p filter;
+        speculative ones of one round and of ``rounds_per_step``."""
+        return [Step(greedy=greedy, use_top_p=use_top_p, settings=settings, rounds=rounds)
+                for greedy, use_top_p in ((True, False), (False, False), (False, True))
+                for settings in (self.settings[rows, greedy],)
+                for rounds in ((1,) if settings is None else sorted({1, self.rounds_per_step}))]

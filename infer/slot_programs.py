@@ -102,7 +102,7 @@ class Programs:
             return self._jitted[program].lower(self.params, self.weights, state, *args)
         if program == "retire":
             return self._jitted[program].lower(state, *args)
-        return self._step(program).lower(self.params, self.weights, state, *args)
+        return self._step(program).lower(self.params, self.weights, state)
 
     def _executable(self, key, lower):
         """The executable of ``key``, compiled from ``lower()`` the first time it is asked for."""
@@ -166,11 +166,15 @@ class Programs:
                 leaves[i] = self._resize(leaves[i], rows, fill)  # the old array is freed here
         self.state, self.rows = jax.tree.unflatten(treedef, leaves), rows
 
-    def decode(self, step: Step, rounds: int = 1) -> StepOutput:
-        """Runs one decode step of every slot: a plain step, or ``rounds`` speculative rounds (at most the plan's
-        ``rounds_per_step``: one program runs any count)."""
-        self.state, out = self._run(step, *_rounds_arg(step, rounds))
+    def decode(self, step: Step) -> StepOutput:
+        """Runs one decode step of every slot: a plain step, or ``step.rounds`` speculative rounds."""
+        self.state, out = self._run(step)
         return out
+
+    def compiled(self, step: Step):
+        """The compiled executable of ``step`` for the state's rows (compiled now if it was not ahead)."""
+        with on_mesh(self.mesh):
+            return self._executable((step, self.rows), lambda: self._lower(step, self.state))
 
     def _step(self, step: Step):
         """The jitted decode step."""
@@ -178,8 +182,7 @@ class Programs:
             base = dataclasses.replace(self.plan.shapes.base, sampling=step.sampling)
             fun, loop = functools.partial(plain_step, base, self.plan.shapes.draft, step.use_top_p), "plain"
         else:
-            fun, loop = functools.partial(speculative_step, step.settings, step.use_top_p,
-                                          self.plan.rounds_per_step), "speculative"
+            fun, loop = functools.partial(speculative_step, step.settings, step.use_top_p, step.rounds), "speculative"
         return self._jit(fun, loop, donate_argnums=(2,))
 
     def warm_up(self, progress=None, threads: int | None = None) -> None:
@@ -219,7 +222,7 @@ class Programs:
                                                       self._admission(0, [0], probe, 0, []))
                 lowered["retire", rows] = self._lower("retire", state, row, row)
                 for step in self.plan.steps(rows):
-                    lowered[step, rows] = self._lower(step, state, *_rounds_arg(step, 1))
+                    lowered[step, rows] = self._lower(step, state)
         self._compile(lowered, progress, threads)
 
     def _compile(self, lowered: dict, progress, threads: int) -> None:
@@ -228,11 +231,6 @@ class Programs:
             progress(f"compiling {len(lowered)} programs, {min(threads, len(lowered))} at a time")
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
             self._executables.update(zip(lowered, pool.map(lambda program: program.compile(), lowered.values())))
-
-
-def _rounds_arg(step: Step, rounds: int) -> tuple:
-    """A decode step's arguments after the state: the round count of a speculative step."""
-    return () if step.settings is None else (np.int32(rounds),)
 
 
 def _resize_rows(x_Sx, rows: int, fill):

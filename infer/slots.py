@@ -200,14 +200,15 @@ def _per_row(base: DecodeSettings, state: SlotState, use_top_p: bool) -> DecodeS
     return dataclasses.replace(base, sampling=state.row_sampling(use_top_p))
 
 
-def speculative_step(settings: SpecSettings, use_top_p: bool, max_rounds: int, params, weights: DraftWeights,
-                     state: SlotState, rounds) -> tuple[SlotState, StepOutput]:
-    """``rounds`` (traced, at most ``max_rounds``) speculative rounds of every active slot, in one device loop
-    (``settings.base.sampling`` greedy: every row greedy, beams allowed; otherwise each row samples as its slot
-    says). A slot that finishes in one of them rides along inactive in the rest."""
+def speculative_step(settings: SpecSettings, use_top_p: bool, rounds: int, params, weights: DraftWeights,
+                     state: SlotState) -> tuple[SlotState, StepOutput]:
+    """``rounds`` speculative rounds of every active slot, in one device loop (``settings.base.sampling`` greedy:
+    every row greedy, beams allowed; otherwise each row samples as its slot says). A slot that finishes in one of
+    them rides along inactive in the rest. ``rounds`` is static: a loop of known trip count runs its rounds back
+    to back on a GPU, where a traced count makes the host read the loop's predicate after every round."""
     settings = dataclasses.replace(settings, base=_per_row(settings.base, state, use_top_p))
     depth, A = settings.tree.depth, settings.tree.max_accept
-    progress, stop = _step_progress(state, max_rounds * A)
+    progress, stop = _step_progress(state, rounds * A)
     spec = SpecState(cache=state.cache, ring=state.ring, pending=state.pending, num_pending=state.num_pending,
                      progress=progress, accept_counts=jnp.zeros((state.active.shape[0], A), jnp.int32),
                      rank_tried=jnp.zeros((depth, RANK_SLOTS), jnp.int32),

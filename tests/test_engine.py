@@ -152,15 +152,31 @@ def test_rounds_per_step_change_no_token_and_every_round_is_counted(engine):
 
 
 @pytest.mark.slow
+def test_speculative_steps_loop_a_known_number_of_rounds(engine):
+    """A speculative step of one round and one of ``rounds_per_step`` are compiled ahead, the rounds' loop of known
+    trip count (which a GPU runs without reading the loop's predicate back to the host after every round)."""
+    rows = engine.programs.rows
+    steps = [step for step in engine.plan.steps(rows) if step.settings is not None]
+    assert {step.rounds for step in steps} == {1, engine.plan.rounds_per_step}
+    for step in steps:
+        hlo = engine.programs.compiled(step).as_text().splitlines()
+        rounds_loops = [line for line in hlo if " while(" in line and 'op_name="jit(speculative_step)/while"' in line]
+        if step.rounds == 1:
+            assert not rounds_loops  # no loop at all
+        else:
+            assert len(rounds_loops) == 1 and f'"known_trip_count":{{"n":"{step.rounds}"}}' in rounds_loops[0]
+
+
+@pytest.mark.slow
 def test_a_step_runs_one_round_while_a_prompt_is_prefilled(engine, monkeypatch):
     """A running request decodes ``rounds_per_step`` rounds per step, and one round per step while another's
     prompt is prefilled piece by piece between the steps; both requests get their solo greedy tokens."""
     steps = []  # (speculative, rounds, a prompt being prefilled), in the loop thread
     decode = engine.programs.decode
 
-    def recorded(step, rounds=1):
-        steps.append((step.settings is not None, rounds, engine._admitting is not None))
-        return decode(step, rounds)
+    def recorded(step):
+        steps.append((step.settings is not None, step.rounds, engine._admitting is not None))
+        return decode(step)
 
     monkeypatch.setattr(engine.programs, "decode", recorded)
     running = engine.submit(PROMPTS[3], RequestParams(max_tokens=90, ignore_eos=True))
@@ -222,7 +238,7 @@ def test_plain_engine_equals_generate_and_a_dead_loop_refuses_requests():
     assert stats.spec_rounds == 0 and stats.generation_tokens == 60
     assert stats.plain_steps == 5 * 11  # every token after a request's first comes from a plain step
 
-    def broken(step, rounds):
+    def broken(step):
         raise RuntimeError("device lost")
 
     engine.programs.decode = broken

@@ -44,13 +44,14 @@ def _batch(programs: Programs, plan, case: Case, seed: int) -> list[list[int]]:
             if prompt_index == p:
                 params = RequestParams(max_tokens=MAX_NEW, temperature=temperature, top_p=top_p)
                 programs.insert(slot, prompt, params, seed * SLOTS + slot, [EOS])
-    step = Step(greedy=False, use_top_p=case.top_p < 1, settings=plan.settings[SLOTS, False])
+    step = Step(greedy=False, use_top_p=case.top_p < 1, settings=plan.settings[SLOTS, False],
+                rounds=plan.rounds_per_step)  # every round of a step's device loop
     tokens = [[] for _ in range(SLOTS)]
     firsts = np.asarray(programs.state.pending[:, 0])
     for slot in range(SLOTS):
         tokens[slot].append(int(firsts[slot]))
     while bool(np.any(np.asarray(programs.state.active))):
-        out = programs.decode(step, plan.rounds_per_step)  # every round of a step's device loop
+        out = programs.decode(step)
         emitted, new = np.asarray(out.emitted), np.asarray(out.tokens)
         for slot in np.flatnonzero(emitted):
             tokens[slot] += new[slot, :emitted[slot]].tolist()
