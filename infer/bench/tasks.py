@@ -34,8 +34,9 @@ fails, the rest of its group is skipped.
 
 ``--pad-script pad_model.py --work DIR``: the target and drafts are first padded to 8B-like cost (reused when
 already in DIR); every method, HF included, then runs on the padded pair. ``--rope-parameters JSON`` first gives
-target and drafts other RoPE parameters (config only), e.g. llama3-style scaling for a target trained on shorter
-windows than the buckets: the code-LM fixture, trained on 16k windows, stays sound to 30k with
+target and drafts other RoPE parameters (config only; with a ``factor`` and ``original_max_position_embeddings``
+the window becomes their product), e.g. llama3-style scaling for a target trained on shorter windows than the
+buckets: the code-LM fixture, trained on 16k windows, stays sound to 30k with
 ``{"rope_type": "llama3", "factor": 2, "low_freq_factor": 1, "high_freq_factor": 4,
 "original_max_position_embeddings": 16384}``.
 """
