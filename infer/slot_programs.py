@@ -110,10 +110,15 @@ class Programs:
             self._executables[key] = lower().compile()
         return self._executables[key]
 
+    def compiled(self, program, *args):
+        """The executable of ``program`` (see :meth:`_lower`) for the state's rows, compiled the first time."""
+        with on_mesh(self.mesh):
+            return self._executable((program, self.rows), lambda: self._lower(program, self.state, *args))
+
     def _run(self, program, *args):
         """Runs ``program`` on the current state, compiling it for the state's rows the first time."""
+        run = self.compiled(program, *args)
         with on_mesh(self.mesh):
-            run = self._executable((program, self.rows), lambda: self._lower(program, self.state, *args))
             if program == "retire":
                 return run(self.state, *args)
             return run(self.params, self.weights, self.state, *args)
@@ -170,11 +175,6 @@ class Programs:
         """Runs one decode step of every slot: a plain step, or ``step.rounds`` speculative rounds."""
         self.state, out = self._run(step)
         return out
-
-    def compiled(self, step: Step):
-        """The compiled executable of ``step`` for the state's rows (compiled now if it was not ahead)."""
-        with on_mesh(self.mesh):
-            return self._executable((step, self.rows), lambda: self._lower(step, self.state))
 
     def _step(self, step: Step):
         """The jitted decode step."""
