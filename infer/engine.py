@@ -45,7 +45,8 @@ class EngineConfig:
     ``tree_shape`` and ``draft_sampling`` fix the speculation as in ``generate()`` (``None``: chosen per load;
     ``draft_sampling`` applies to batches with sampled rows); a step runs ``rounds_per_step`` speculative rounds
     in one device loop (one while a prompt waits to be prefilled). ``reproducible``: compiled with ``generate()``'s
-    reproducible XLA options (the same tokens in every process, and as ``generate()``'s default)."""
+    reproducible XLA options (the same tokens in every process, as ``generate()``'s default). ``compile_ahead`` False:
+    programs compiled when first needed, not in :meth:`Engine.start` (a faster start, slower first steps)."""
 
     max_batch: int = 4
     max_context: int = 4096
@@ -56,6 +57,7 @@ class EngineConfig:
     draft_sampling: bool | str | None = None
     rounds_per_step: int = ROUNDS_PER_STEP
     reproducible: bool = True
+    compile_ahead: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,12 +212,13 @@ class Engine:
 
     # ---------------------------------------------------------------------------------------------- public
     def start(self, progress=None) -> None:
-        """Allocates the slots, compiles every program ahead (by running it once on empty slots), then starts the
-        loop thread. ``progress(message)``, where given, hears how the compilation goes."""
+        """Allocates the slots, compiles every program ahead (running each once on empty slots) unless
+        ``compile_ahead`` is off, starts the loop thread. ``progress(message)`` hears how the compilation goes."""
         if self._thread is not None:
             raise RuntimeError("the engine is already started")
         self.programs = Programs(self.plan, self.target, self._draft, self.config.reproducible)
-        self.programs.warm_up(progress)
+        if self.config.compile_ahead:
+            self.programs.warm_up(progress)
         self._thread = threading.Thread(target=self._loop, name="longspec-engine", daemon=True)
         self._thread.start()
 

@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds-per-step", type=_positive_int, default=ROUNDS_PER_STEP, metavar="R",
                         help="speculative rounds per engine step, in one device loop (one round while a prompt "
                              "waits to be prefilled): more spend less time launching programs")
+    parser.add_argument("--compile-on-demand", action="store_true",
+                        help="compile each engine program when first needed instead of all before serving: a faster "
+                             "start, and the first requests at each batch size wait for compilations")
     parser.add_argument("--dtype", choices=DTYPES, default="bfloat16")
     parser.add_argument("--tensor-parallel", type=_positive_int, default=1, metavar="N",
                         help="shard the target over the first N devices (a mesh's model axis; 1: one device)")
@@ -59,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
 def engine_config(args) -> EngineConfig:
     """The engine's configuration from the command line's arguments."""
     return EngineConfig(max_batch=args.max_batch, max_context=args.max_context, max_queue=args.max_queue,
-                        prefill_chunk=args.prefill_chunk, rounds_per_step=args.rounds_per_step)
+                        prefill_chunk=args.prefill_chunk, rounds_per_step=args.rounds_per_step,
+                        compile_ahead=not args.compile_on_demand)
 
 
 def load_served(args):

@@ -261,7 +261,8 @@ def case_engine() -> None:
     draft = init_draft(DraftConfig.from_target(TP_CONFIG, window=16), jax.random.PRNGKey(1))
     for name in ("4x2", "8x1"):
         engine = Engine(shard_target(target, mesh_of(name)), draft,
-                        EngineConfig(max_batch=2, max_context=64, prefill_chunk=16, tree_shape=TREE))
+                        EngineConfig(max_batch=2, max_context=64, prefill_chunk=16, tree_shape=TREE,
+                                     compile_ahead=False))
         engine.start()
         greedy = [engine.submit(p, RequestParams(max_tokens=MAX_NEW, ignore_eos=True)) for p in PROMPTS * 2]
         sampled = engine.submit(PROMPTS[0], RequestParams(max_tokens=MAX_NEW, temperature=1.0, ignore_eos=True))

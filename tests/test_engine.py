@@ -20,7 +20,7 @@ from longspec_jax.testing import TINY, random_draft, tiny_target
 RNG = np.random.default_rng(7)
 PROMPTS = [list(map(int, RNG.integers(0, TINY.vocab_size, size=int(n)))) for n in (3, 40, 17, 9, 33, 5, 21, 12)]
 CONFIG = EngineConfig(max_batch=4, max_context=128, max_queue=16, prefill_chunk=16, tree_shape=(2, 2, 2),
-                      draft_sampling=True)
+                      draft_sampling=True, compile_ahead=False)  # each test compiles what it runs
 
 
 def _solo(target, prompt, max_tokens, **kwargs):
@@ -229,11 +229,20 @@ def test_async_iteration_streams_every_chunk(engine):
 @pytest.mark.slow
 def test_plain_engine_equals_generate_and_a_dead_loop_refuses_requests():
     target = tiny_target(3)
-    engine = Engine(target, None, EngineConfig(max_batch=2, max_context=96, prefill_chunk=32))
+    config = EngineConfig(max_batch=2, max_context=96, prefill_chunk=32)
+    lazy = Engine(target, None, dataclasses.replace(config, compile_ahead=False))
+    lazy.start()
+    assert not lazy.programs._executables  # nothing compiled before a step needs it
+    lazy.shutdown()
+    engine = Engine(target, None, config)
     engine.start()
+    ahead = set(engine.programs._executables)  # every program of every bucket, compiled in start()
+    assert {(step, rows) for rows in engine.plan.buckets for step in engine.plan.steps(rows)} <= ahead
+    assert {("insert", rows) for rows in engine.plan.buckets} <= ahead
     handles = [engine.submit(p, RequestParams(max_tokens=12, ignore_eos=True)) for p in PROMPTS[:5]]
     for prompt, h in zip(PROMPTS, handles):
         assert h.result() == _solo(target, prompt, 12)
+    assert set(engine.programs._executables) == ahead  # and none while serving
     stats = engine.stats()
     assert stats.spec_rounds == 0 and stats.generation_tokens == 60
     assert stats.plain_steps == 5 * 11  # every token after a request's first comes from a plain step

@@ -180,7 +180,8 @@ def pair(run_dir):
 @pytest.fixture(scope="module")
 def tiny_server(pair, run_dir):
     args = ["--target", pair.target, "--draft", pair.draft, "--dtype", "float32", "--max-batch", str(MAX_BATCH),
-            "--max-queue", str(MAX_QUEUE), "--max-context", str(MAX_CONTEXT), "--log-level", "warning"]
+            "--max-queue", str(MAX_QUEUE), "--max-context", str(MAX_CONTEXT), "--log-level", "warning",
+            "--compile-on-demand"]
     shared = sh.SharedServer(run_dir / "tiny-server", args)
     yield shared
     shared.close()
@@ -510,7 +511,8 @@ def test_health_is_503_once_the_engine_loop_stops_and_a_failing_request_harms_no
 @pytest.fixture(scope="module")
 def default_server(run_dir):
     """``python -m infer.serve`` without ``--target``: the embedded model and its draft."""
-    args = ["--dtype", "float32", "--max-batch", "2", "--max-context", "512", "--log-level", "warning"]
+    args = ["--dtype", "float32", "--max-batch", "2", "--max-context", "512", "--log-level", "warning",
+            "--compile-on-demand"]
     shared = sh.SharedServer(run_dir / "default-server", args)
     yield shared
     shared.close()
