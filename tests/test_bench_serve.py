@@ -250,7 +250,7 @@ def test_server_command_lines():
     from infer.serve import build_parser, engine_config
 
     ns = type("Args", (), dict(target="T", draft="D", max_batch=4, max_context=96, max_queue=8, prefill_chunk=64,
-                               rounds_per_step=3, dtype="float32"))
+                               rounds_per_step=3, dtype="float32", compile_on_demand=False))
     tail = ["--host", "127.0.0.1", "--port", "0", "--max-batch", "4", "--max-context", "96", "--max-queue", "8",
             "--prefill-chunk", "64", "--rounds-per-step", "3", "--dtype", "float32"]
     assert serve.server_argv(ns, "draft", "infer.serve") == [sys.executable, "-m", "infer.serve", "--target", "T",
@@ -260,7 +260,10 @@ def test_server_command_lines():
     assert serve.server_argv(ns, "draft", "m")[3:] == tail and serve.server_argv(ns, "plain", "m")[3] == "--no-draft"
     config = engine_config(build_parser().parse_args(tail))  # the server reads every setting the bench passes
     assert (config.max_batch, config.max_context, config.max_queue, config.prefill_chunk,
-            config.rounds_per_step) == (4, 96, 8, 64, 3)
+            config.rounds_per_step, config.compile_ahead) == (4, 96, 8, 64, 3, True)
+    ns.compile_on_demand = True
+    assert serve.server_argv(ns, "plain", "m")[-1] == "--compile-on-demand"
+    assert not engine_config(build_parser().parse_args([*tail, "--compile-on-demand"])).compile_ahead
 
 
 def test_servers_and_baselines_are_chosen_by_name():
@@ -352,7 +355,7 @@ def test_smoke_run_of_the_real_server(tmp_path):
     if not (DEFAULT_MODEL / "target" / "config.json").is_file():
         pytest.skip("the embedded default model is absent")
     argv = ["--out", str(tmp_path), "--smoke", "--baseline", "--baseline-batch", "2", "--ignore-eos",
-            "--request-rates", "8", "--num-requests", "3", "--max-tokens", "6"]
+            "--request-rates", "8", "--num-requests", "3", "--max-tokens", "6", "--compile-on-demand"]
     run = subprocess.run([sys.executable, "-m", "infer.bench", "serve", *argv], capture_output=True, text=True,
                          timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

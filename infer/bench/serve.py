@@ -214,7 +214,8 @@ def server_argv(args, server: str, server_module: str) -> list[str]:
     return [sys.executable, "-m", server_module, *models, "--host", "127.0.0.1", "--port", "0",
             "--max-batch", str(args.max_batch), "--max-context", str(args.max_context),
             "--max-queue", str(args.max_queue), "--prefill-chunk", str(args.prefill_chunk),
-            "--rounds-per-step", str(args.rounds_per_step), "--dtype", args.dtype]
+            "--rounds-per-step", str(args.rounds_per_step), "--dtype", args.dtype,
+            *(["--compile-on-demand"] if args.compile_on_demand else [])]
 
 
 def run(args, server_module: str = "infer.serve") -> dict:
@@ -279,6 +280,8 @@ def main(argv=None) -> int:
                    f"call, of the servers and the baseline (default {DEFAULT_PREFILL_CHUNK})")
     p.add_argument("--rounds-per-step", type=int, default=ROUNDS_PER_STEP, help="the draft server's speculative "
                    f"rounds per engine step (default {ROUNDS_PER_STEP})")
+    p.add_argument("--compile-on-demand", action="store_true", help="the servers compile each program when first "
+                   "needed (a faster start; the first requests at each batch size wait for compilations)")
     p.add_argument("--max-queue", type=int, default=256, help="the server's waiting requests at most (default 256)")
     p.add_argument("--warmup", type=int, help="untimed requests sent at once first (default: the largest "
                                               "concurrency level, or --max-batch)")
