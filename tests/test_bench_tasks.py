@@ -44,6 +44,7 @@ def test_summary_arithmetic():
     assert row["tau"] == pytest.approx(28 / 13)                          # tokens / (rounds + 1 per sequence)
     assert row["idle_row_share"] == pytest.approx(1 / 11)  # passes 4 x 2 rows + 3 x 1 row; row 2 idle in one
     assert row["tokens_per_s"] == pytest.approx((28 - 17) / (0.3 + 0.15))  # between probe and full call
+    assert row["call_s"] == pytest.approx(1.5)  # the full calls: prefill and every token
     # prefill: probe time less its passes, at the cost per pass between probe and full call (the batch's longest
     # row: 0.3 s / (4 - 2) passes, 0.15 s / (3 - 1)); per token the first run's would be 0.7 - 5 * 0.3 / 4
     assert row["prefill_s"] == pytest.approx((0.7 - 2 * 0.15) + (0.35 - 1 * 0.075))
@@ -78,13 +79,16 @@ def test_table_and_plots_render(tmp_path):
         base = dict(task="t", bucket=bucket, temperature=0.0, batch=1, prefill_s=0.1, peak_bytes=2**31)
         rows.append(dict(base, method="plain", tau=1.0, tokens_per_s=tps, speedup=1.0, repeat_4gram_share=0.5))
         rows.append(dict(base, method="tree[a]4", tau=3.0, tokens_per_s=2 * tps, speedup=2.0, idle_row_share=0.25,
-                         accept_counts=[1, 2, 3], partings=[None, dict(at=7, f32_top2_gap=0.02, near_tie=True)]))
+                         call_speedup=1.25, accept_counts=[1, 2, 3],
+                         partings=[None, dict(at=7, f32_top2_gap=0.02, near_tie=True)]))
         rows.append(dict(base, method="tree[a]2,2", tau=2.0, tokens_per_s=tps * (2.5 if bucket == "4-8k" else 1.5),
                          speedup=2.5 if bucket == "4-8k" else 1.5))
         rows.append(dict(base, method="tree[b]4", tau=3.0, tokens_per_s=9 * tps, speedup=9.0))  # not swept
     table = markdown(rows)
-    assert "| t | 2-4k | 0.0 | 1 | tree[a]4 | 3.00 | 200.0 | 2.00x | 0.25 | 0.10 | 2.0 |  | 1/2 (1 near-tie) |" in table
-    assert "| t | 2-4k | 0.0 | 1 | tree[a]2,2 | 2.00 | 150.0 | 1.50x |  | 0.10 | 2.0 |  |  |" in table  # no idle share
+    assert "| t | 2-4k | 0.0 | 1 | tree[a]4 | 3.00 | 200.0 | 2.00x | 1.25x | 0.25 | 0.10 | 2.0 |  | 1/2 (1 near-tie) " \
+           "|" in table
+    no_idle_share_nor_call = "| t | 2-4k | 0.0 | 1 | tree[a]2,2 | 2.00 | 150.0 | 1.50x |  |  | 0.10 | 2.0 |  |  |"
+    assert no_idle_share_nor_call in table
     assert [(b["bucket"], b["shape"], b["speedup"], b["tried"]) for b in best_tree_shapes(rows)] == [
         ("2-4k", "4", 2.0, 2), ("4-8k", "2,2", 2.5, 2)]
     assert "| t | 4-8k | 0.0 | 1 | 2,2 | 2.50x | 2 |" in table
@@ -175,13 +179,14 @@ def test_rope_parameters_option_wants_a_json_object(capsys):
 
 
 def canned_run(batch: list, method, fail: set[str]) -> dict:
-    """What ``Runner`` returns for a batch (10 tokens in 4 passes, 6 of them in the probe's 2), or the error of a
-    method named in ``fail``."""
+    """What ``Runner`` returns for a batch (10 tokens in 4 passes, 6 of them in the probe's 2; pld's calls 0.2 s
+    shorter, its decoding as fast), or the error of a method named in ``fail``."""
     if method.name in fail:
         raise RuntimeError(f"RESOURCE_EXHAUSTED: out of memory | {method.name}")
-    b = len(batch)
-    return dict(generated=[10] * b, rounds=[4] * b, total_s=1.0, probe_generated=[6] * b, probe_rounds=[2] * b,
-                probe_s=0.6, peak_bytes=None, accept_counts=None, tokens=[list(s.tokens[:10]) for s in batch])
+    b, shorter = len(batch), 0.2 if method.name == "pld10" else 0.0
+    return dict(generated=[10] * b, rounds=[4] * b, total_s=1.0 - shorter, probe_generated=[6] * b,
+                probe_rounds=[2] * b, probe_s=0.6 - shorter, peak_bytes=None, accept_counts=None,
+                tokens=[list(s.tokens[:10]) for s in batch])
 
 
 @pytest.mark.parametrize("fail", [{"tree[a]2,4,4"}, {"plain"}])
@@ -199,12 +204,15 @@ def test_a_failing_method_gets_a_failed_row_and_the_run_goes_on(tmp_path, monkey
         (name,) = fail
         assert rows[name, batch]["error"] == f"RuntimeError: RESOURCE_EXHAUSTED: out of memory | {name}"
         assert math.isnan(rows[name, batch]["tokens_per_s"])
-        assert f"| {batch} | {name} | failed |  |  |  |  |  |  | RuntimeError: RESOURCE_EXHAUSTED: out of memory / " \
-               f"{name} |" in table
+        assert f"| {batch} | {name} | failed |  |  |  |  |  |  |  | RuntimeError: RESOURCE_EXHAUSTED: out of memory" \
+               f" / {name} |" in table
         if name == "plain":  # no baseline: nothing else of the group runs
             assert [m for m, b in rows if b == batch] == ["plain"]
         else:  # the methods after the failed one ran and were compared with plain
             assert rows["chain[a]4", batch]["speedup"] == 1.0 and rows["pld10", batch]["tau"] == 2.0
+            assert rows["chain[a]4", batch]["call_speedup"] == 1.0
+            assert rows["pld10", batch]["speedup"] == pytest.approx(1.0)
+            assert rows["pld10", batch]["call_speedup"] == pytest.approx(1.0 / 0.8)  # plain's call over pld's
     plots = [] if fail == {"plain"} else ["tasks_speed.png", "tasks_accept_hist.png", "tasks_batch.png"]
     assert report["plots"] == [str(tmp_path / name) for name in plots]
 

@@ -23,7 +23,8 @@ def summarize_runs(runs: list[dict]) -> dict:
     """Totals of one method over its batches; each run: ``generated`` [B], ``rounds`` [B] or None, ``total_s``,
     ``probe_generated`` [B], ``probe_s``, ``probe_rounds`` [B] or None, optional ``accept_counts`` [B, A].
     ``idle_row_share``: a batch's rows pass together until its last row is done, and a row done earlier rides
-    along idle: the share of row slots in the full calls' passes that were idle (0 at batch 1; NaN for HF)."""
+    along idle: the share of row slots in the full calls' passes that were idle (0 at batch 1; NaN for HF).
+    ``call_s``: the full calls' seconds, prefill and every token (a long output's whole generation)."""
     generated = sum(int(np.sum(r["generated"])) for r in runs)
     known = all(r["rounds"] is not None for r in runs)  # HF does not report its rounds
     rounds = sum(int(np.sum(r["rounds"])) for r in runs) if known else None
@@ -35,6 +36,7 @@ def summarize_runs(runs: list[dict]) -> dict:
                tau=generated / (rounds + sequences) if known else float("nan"),
                idle_row_share=1 - rounds / passes if passes else float("nan"),
                decode_s=decode_s, prefill_s=sum(prefill_seconds(r) for r in runs),
+               call_s=sum(r["total_s"] for r in runs),
                tokens_per_s=decoded / decode_s if decode_s > 0 and decoded > 0 else float("nan"))
     counts = [np.sum(r["accept_counts"], axis=0) for r in runs if r.get("accept_counts") is not None]
     if counts:
@@ -59,7 +61,7 @@ def failed_row(row: dict) -> dict:
     """A method's row whose runs raised (``row["error"]``): its numbers NaN, so that tables and rankings keep it
     and the plots leave it out."""
     nan = float("nan")
-    return dict(row, tau=nan, tokens_per_s=nan, speedup=nan, prefill_s=nan, peak_bytes=None)
+    return dict(row, tau=nan, tokens_per_s=nan, speedup=nan, call_speedup=nan, prefill_s=nan, peak_bytes=None)
 
 
 def method_cell(row: dict) -> str:
@@ -74,18 +76,19 @@ def method_cell(row: dict) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = md_header(["task", "bucket", "T", "batch", "method", "tau", "tok/s", "speedup", "idle rows",
+    lines = md_header(["task", "bucket", "T", "batch", "method", "tau", "tok/s", "speedup", "whole call", "idle rows",
                        "prefill s", "peak GiB", "repeated 4-grams", "T=0 equal to plain"])
     for r in rows:
         if "error" in r:
             lines.append(md_row([r["task"], r["bucket"], r["temperature"], r["batch"], r["method"], "failed", "",
-                                 "", "", "", "", "", r["error"].splitlines()[0][:100].replace("|", "/")]))
+                                 "", "", "", "", "", "", r["error"].splitlines()[0][:100].replace("|", "/")]))
             continue
         idle = r.get("idle_row_share", math.nan)
         equal = "" if r.get("partings") is None else lossless_cell(r["partings"])
         peak = "" if r.get("peak_bytes") is None else f"{r['peak_bytes'] / 2**30:.1f}"
         lines.append(md_row([r["task"], r["bucket"], r["temperature"], r["batch"], method_cell(r), f"{r['tau']:.2f}",
                              f"{r['tokens_per_s']:.1f}", f"{r.get('speedup', float('nan')):.2f}x",
+                             "" if "call_speedup" not in r else f"{r['call_speedup']:.2f}x",
                              "" if math.isnan(idle) else f"{idle:.2f}", f"{r['prefill_s']:.2f}", peak,
                              "" if "repeat_4gram_share" not in r else f"{r['repeat_4gram_share']:.2f}",
                              equal]))

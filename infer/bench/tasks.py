@@ -19,12 +19,14 @@ sampled from the draft, ``generate(draft_sampling=True)``); ``stree`` (T > 0 onl
 the tree and the sampling itself; the row records its choice); ``pld`` (prompt lookup on our verify path,
 ``--pld-tokens``); ``hf`` and ``hf_pld`` (Hugging Face ``generate`` in PyTorch on the target's directory, plain
 at every batch size (left-padded) and with ``prompt_lookup_num_tokens`` at batch 1, the only one transformers runs
-it at). Decode tokens/s exclude prefill:
-they are timed between a probe call and the full call (our methods: the probe generates just over half the tokens,
-so it runs the same compiled program; HF: one token). At T=0 each output
-is compared with plain's: where it parts, the float32 top-2 logit gap there says whether that is a near-tie, where
-bf16 paths may part (docs/architecture.md, "Numerics and testing"), or a lossless failure (``--reference32``: the
-target's function in float32; with ``--pad-script`` the small fixture, whose function the padded pair computes).
+it at). Decode tokens/s exclude prefill: they are timed between a probe call and the full call (our methods: the
+probe generates just over half the tokens, so it runs the same compiled program; HF: one token); ``speedup``
+compares them with plain's, ``call_speedup`` (the "whole call" column) the full calls' times, prefill and every
+token: a long output's whole generation (e.g. ``--buckets 1536-2048 --min-tokens 0 --new-tokens 16384
+--ignore-eos``: 2k prompts, 16k generated tokens). At T=0 each output is compared with plain's: where it parts,
+the float32 top-2 logit gap there says whether that is a near-tie, where bf16 paths may part (docs/architecture.md,
+"Numerics and testing"), or a lossless failure (``--reference32``: the target's function in float32; with
+``--pad-script`` the small fixture, whose function the padded pair computes).
 
 Peak memory per row: the compiled program's peak device bytes (XLA's memory analysis of the whole call:
 weights, prompts, caches, temporaries, outputs); HF rows: torch's peak over their calls. With HF methods, JAX's GPU
@@ -252,9 +254,10 @@ def group_rows(runner: Runner, methods: list[Method], batches: list[list[Sample]
             row["speculation"] = runs[0]["speculation"]
         outputs = [t for r in runs for t in r["tokens"]]
         if plain is None:
-            plain = dict(tps=row["tokens_per_s"], outputs=outputs)
+            plain = dict(tps=row["tokens_per_s"], call_s=row["call_s"], outputs=outputs)
             row["repeat_4gram_share"] = float(np.mean([repeat_4gram_share(p, o) for p, o in zip(prompts, outputs)]))
         row["speedup"] = row["tokens_per_s"] / plain["tps"]
+        row["call_speedup"] = plain["call_s"] / row["call_s"]
         if temperature == 0 and method.name != "plain":
             row["partings"] = partings(reference32, prompts, outputs, plain["outputs"])
         log(f"{label}: tau {row['tau']:.2f}, {row['tokens_per_s']:.1f} tok/s ({row['speedup']:.2f}x)")
