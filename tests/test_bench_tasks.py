@@ -57,6 +57,28 @@ def test_summary_arithmetic():
     assert math.isnan(hf["idle_row_share"]) and summarize_runs([fast_probe])["idle_row_share"] == 0
 
 
+
+def test_reports_of_several_runs_merge_into_one_table_and_plots(tmp_path):
+    from infer.bench import task_report
+
+    def report(bucket, speedup, date):
+        rows = [dict(task="t", bucket=bucket, temperature=1.0, batch=1, method=m, tau=t, tokens_per_s=100.0 * s,
+                     speedup=s, call_speedup=s, prefill_s=1.0, peak_bytes=None)
+                for m, t, s in (("plain", 1.0, 1.0), ("auto[a]", 2.5, speedup))]
+        path = tmp_path / f"{bucket}.json"
+        path.write_text(json.dumps(dict(date=date, device="D", rows=rows)))
+        return str(path)
+
+    runs = [report("120-126k", 2.6, "d2"), report("60-64k", 2.1, "d1")]
+    assert task_report.main(["--out", str(tmp_path / "merged"), *runs]) == 0
+    merged = json.loads((tmp_path / "merged" / "bench_tasks.json").read_text())
+    assert [r["date"] for r in merged["runs"]] == ["d2", "d1"] and len(merged["rows"]) == 4
+    table = (tmp_path / "merged" / "bench_tasks.md").read_text()
+    assert "| t | 60-64k | 1.0 | 1 | auto[a] | 2.50 | 210.0 | 2.10x | 2.10x |" in table
+    assert (tmp_path / "merged" / "tasks_speedup.png").read_bytes()[:4] == b"\x89PNG"
+    assert task_report.bucket_order(["120-126k", "16-32", "60-64k", "1-2k"]) == ["16-32", "1-2k", "60-64k",
+                                                                                 "120-126k"]
+
 def test_probe_reuses_the_full_calls_program():
     from longspec_jax.testing import random_draft, tiny_target
     from infer.generate import plan_lookup, plan_shapes, plan_speculative
@@ -99,7 +121,7 @@ def test_table_and_plots_render(tmp_path):
     batch2 = [dict(r, batch=2, speedup=r["speedup"] / 2) for r in rows]
     paths = plot(rows + batch2 + [dict(rows[0], method="hf", error="OutOfMemoryError", tokens_per_s=float("nan"))],
                  str(tmp_path), ["2-4k", "4-8k"])
-    assert paths[-1] == str(tmp_path / "tasks_batch.png") and len(paths) == 3
+    assert paths[-1] == str(tmp_path / "tasks_batch.png") and len(paths) == 4
     with open(paths[-1], "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
@@ -166,7 +188,7 @@ def test_smoke_run(tmp_path):
     assert [r["prefill_s"] > 0 for r in report["rows"]] == [True] * len(report["rows"])
     assert [(b["batch"], b["shape"], b["tried"]) for b in report["best_tree_shapes"]] == [(1, "2,4,4", 1),
                                                                                           (2, "2,4,4", 1)]
-    names = ["tasks_speed.png", "tasks_accept_hist.png", "tasks_batch.png"]  # batches 1 and 2: the batch plot too
+    names = ["tasks_speed.png", "tasks_speedup.png", "tasks_accept_hist.png", "tasks_batch.png"]  # batches 1, 2
     assert report["plots"] == [str(tmp_path / name) for name in names]
     assert all((tmp_path / name).exists() for name in names)
 
@@ -213,7 +235,8 @@ def test_a_failing_method_gets_a_failed_row_and_the_run_goes_on(tmp_path, monkey
             assert rows["chain[a]4", batch]["call_speedup"] == 1.0
             assert rows["pld10", batch]["speedup"] == pytest.approx(1.0)
             assert rows["pld10", batch]["call_speedup"] == pytest.approx(1.0 / 0.8)  # plain's call over pld's
-    plots = [] if fail == {"plain"} else ["tasks_speed.png", "tasks_accept_hist.png", "tasks_batch.png"]
+    plots = [] if fail == {"plain"} else ["tasks_speed.png", "tasks_speedup.png", "tasks_accept_hist.png",
+                                          "tasks_batch.png"]
     assert report["plots"] == [str(tmp_path / name) for name in plots]
 
 

@@ -1,6 +1,8 @@
 """Results of the tasks benchmark: one row per (task, bucket, temperature, batch, method) from the runs of its
-sample batches, the markdown table, and the plots (tokens/s and tau against context length per method; the
-acceptance-length histogram).
+sample batches, the markdown table, and the plots (tokens/s, tau and speedup against context length per method;
+the acceptance-length histogram). The reports of several runs (one per context length, say) merge into one:
+
+    python -m infer.bench.task_report --out DIR RUN1/bench_tasks.json RUN2/bench_tasks.json ...
 
 Conventions (the PyTorch LongSpec evaluation's): tau = tokens generated / (rounds + 1); decode tokens/s = (tokens
 generated - tokens of the probe call) / (generation time - probe time), summed over the batches, so prefill is left
@@ -10,12 +12,14 @@ samples in the same run; idle rows = the share of a batch's row slots that rode 
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import os
 
 import numpy as np
 
-from infer.bench.harness import md_header, md_row
+from infer.bench.harness import md_header, md_row, write_report
 from infer.bench.near_tie import lossless_cell
 
 
@@ -128,7 +132,8 @@ def _rank(speedup: float) -> float:
 
 def plot(rows: list[dict], out_dir: str, bucket_order: list[str]) -> list[str]:
     """``tasks_speed.png`` (tokens/s and tau against bucket per method, one panel pair per temperature, batch 1
-    or the smallest batch), ``tasks_accept_hist.png`` (share of rounds by tokens emitted, per method, one panel
+    or the smallest batch), ``tasks_speedup.png`` (speedup against bucket per method and batch size, one panel per
+    temperature), ``tasks_accept_hist.png`` (share of rounds by tokens emitted, per method, one panel
     per temperature) and, where the rows hold several batch sizes, ``tasks_batch.png`` (speedup against batch
     size per method, one panel per temperature); failed rows left out, and no plots where every row failed."""
     import matplotlib
@@ -141,6 +146,7 @@ def plot(rows: list[dict], out_dir: str, bucket_order: list[str]) -> list[str]:
     temps = sorted({r["temperature"] for r in rows})
     methods = list(dict.fromkeys(r["method"] for r in rows))
     figures = {"tasks_speed.png": _speed_figure(plt, rows, temps, methods, bucket_order),
+               "tasks_speedup.png": _speedup_figure(plt, rows, temps, methods, bucket_order),
                "tasks_accept_hist.png": _accept_figure(plt, rows, temps, methods)}
     if len({r["batch"] for r in rows}) > 1:
         figures["tasks_batch.png"] = _batch_figure(plt, rows, temps, methods)
@@ -167,6 +173,24 @@ def _speed_figure(plt, rows, temps, methods, bucket_order):
         axes[1, col].set_title(f"T={t}, batch {batch}: tau")
         axes[1, col].set_xlabel("prompt length")
     axes[0, 0].legend(fontsize=7)
+    return fig
+
+
+def _speedup_figure(plt, rows, temps, methods, bucket_order):
+    """Speedup against plain at each bucket, one line per (method, batch size) that is not plain."""
+    fig, axes = plt.subplots(1, len(temps), figsize=(6 * len(temps), 4), squeeze=False)
+    for ax, t in zip(axes[0], temps):
+        for method in methods[1:]:
+            for batch in sorted({r["batch"] for r in rows}):
+                picked = [r for r in rows if r["temperature"] == t and r["batch"] == batch and r["method"] == method]
+                xs = [b for b in bucket_order if any(r["bucket"] == b for r in picked)]
+                if xs:
+                    ax.plot(xs, [np.mean([r["speedup"] for r in picked if r["bucket"] == b]) for b in xs],
+                            marker="o", label=f"{method}, batch {batch}")
+        ax.axhline(1.0, color="gray", linewidth=0.8)
+        ax.set_title(f"T={t}: decode speedup against plain")
+        ax.set_xlabel("prompt length")
+        ax.legend(fontsize=7)
     return fig
 
 
@@ -206,3 +230,36 @@ def _batch_figure(plt, rows, temps, methods):
         ax.set_xlabel("batch size (sequences decoded together)")
         ax.legend(fontsize=7)
     return fig
+
+
+def bucket_order(names) -> list[str]:
+    """Bucket names (``"60-64k"``, ``"16-32"``) from the shortest prompts up."""
+    return sorted(set(names), key=lambda n: float(n.split("-")[0]) * (1024 if n.endswith("k") else 1))
+
+
+def merge(reports: list[dict]) -> dict:
+    """One report of the rows of several, in order, with each run's date and device."""
+    rows = [row for report in reports for row in report["rows"]]
+    return dict(runs=[{k: r.get(k) for k in ("date", "device", "jax", "new_tokens", "samples")} for r in reports],
+                rows=rows)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m infer.bench.task_report", description="One table and one set of "
+                                "plots over the rows of several bench_tasks.json reports.")
+    p.add_argument("--out", required=True, help="directory for bench_tasks.json / .md and the plots")
+    p.add_argument("reports", nargs="+", help="bench_tasks.json files")
+    args = p.parse_args(argv)
+    reports = []
+    for path in args.reports:
+        with open(path, encoding="utf-8") as f:
+            reports.append(json.load(f))
+    merged = merge(reports)
+    os.makedirs(args.out, exist_ok=True)
+    merged["plots"] = plot(merged["rows"], args.out, bucket_order(r["bucket"] for r in merged["rows"]))
+    write_report(args.out, "bench_tasks", merged, markdown(merged["rows"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
