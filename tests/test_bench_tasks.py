@@ -45,6 +45,7 @@ def test_summary_arithmetic():
     assert row["idle_row_share"] == pytest.approx(1 / 11)  # passes 4 x 2 rows + 3 x 1 row; row 2 idle in one
     assert row["tokens_per_s"] == pytest.approx((28 - 17) / (0.3 + 0.15))  # between probe and full call
     assert row["call_s"] == pytest.approx(1.5)  # the full calls: prefill and every token
+    assert row["pass_ms"] == pytest.approx(1e3 * 0.45 / 4)  # the window's passes: (4 - 2) + (3 - 1)
     # prefill: probe time less its passes, at the cost per pass between probe and full call (the batch's longest
     # row: 0.3 s / (4 - 2) passes, 0.15 s / (3 - 1)); per token the first run's would be 0.7 - 5 * 0.3 / 4
     assert row["prefill_s"] == pytest.approx((0.7 - 2 * 0.15) + (0.35 - 1 * 0.075))
@@ -53,7 +54,8 @@ def test_summary_arithmetic():
     assert summarize_runs([fast_probe])["prefill_s"] == pytest.approx(0.25 - 2 * 0.55 / 6)
     assert row["accept_counts"] == [2, 6]
     hf = summarize_runs([dict(generated=[5], rounds=None, total_s=1.0, probe_generated=[1], probe_s=0.5)])
-    assert math.isnan(hf["tau"]) and hf["tokens_per_s"] == pytest.approx(8.0) and hf["prefill_s"] == 0.5
+    assert math.isnan(hf["tau"]) and math.isnan(hf["pass_ms"])
+    assert hf["tokens_per_s"] == pytest.approx(8.0) and hf["prefill_s"] == 0.5
     assert math.isnan(hf["idle_row_share"]) and summarize_runs([fast_probe])["idle_row_share"] == 0
 
 
@@ -101,15 +103,15 @@ def test_table_and_plots_render(tmp_path):
         base = dict(task="t", bucket=bucket, temperature=0.0, batch=1, prefill_s=0.1, peak_bytes=2**31)
         rows.append(dict(base, method="plain", tau=1.0, tokens_per_s=tps, speedup=1.0, repeat_4gram_share=0.5))
         rows.append(dict(base, method="tree[a]4", tau=3.0, tokens_per_s=2 * tps, speedup=2.0, idle_row_share=0.25,
-                         call_speedup=1.25, accept_counts=[1, 2, 3],
+                         call_speedup=1.25, pass_ms=12.5, pass_steps=1.25, accept_counts=[1, 2, 3],
                          partings=[None, dict(at=7, f32_top2_gap=0.02, near_tie=True)]))
         rows.append(dict(base, method="tree[a]2,2", tau=2.0, tokens_per_s=tps * (2.5 if bucket == "4-8k" else 1.5),
                          speedup=2.5 if bucket == "4-8k" else 1.5))
         rows.append(dict(base, method="tree[b]4", tau=3.0, tokens_per_s=9 * tps, speedup=9.0))  # not swept
     table = markdown(rows)
-    assert "| t | 2-4k | 0.0 | 1 | tree[a]4 | 3.00 | 200.0 | 2.00x | 1.25x | 0.25 | 0.10 | 2.0 |  | 1/2 (1 near-tie) " \
-           "|" in table
-    no_idle_share_nor_call = "| t | 2-4k | 0.0 | 1 | tree[a]2,2 | 2.00 | 150.0 | 1.50x |  |  | 0.10 | 2.0 |  |  |"
+    assert "| t | 2-4k | 0.0 | 1 | tree[a]4 | 3.00 | 200.0 | 2.00x | 1.25x | 12.50 (1.25) | 0.25 | 0.10 | 2.0 |  | " \
+           "1/2 (1 near-tie) |" in table
+    no_idle_share_nor_call = "| t | 2-4k | 0.0 | 1 | tree[a]2,2 | 2.00 | 150.0 | 1.50x |  |  |  | 0.10 | 2.0 |  |  |"
     assert no_idle_share_nor_call in table
     assert [(b["bucket"], b["shape"], b["speedup"], b["tried"]) for b in best_tree_shapes(rows)] == [
         ("2-4k", "4", 2.0, 2), ("4-8k", "2,2", 2.5, 2)]
@@ -226,8 +228,8 @@ def test_a_failing_method_gets_a_failed_row_and_the_run_goes_on(tmp_path, monkey
         (name,) = fail
         assert rows[name, batch]["error"] == f"RuntimeError: RESOURCE_EXHAUSTED: out of memory | {name}"
         assert math.isnan(rows[name, batch]["tokens_per_s"])
-        assert f"| {batch} | {name} | failed |  |  |  |  |  |  |  | RuntimeError: RESOURCE_EXHAUSTED: out of memory" \
-               f" / {name} |" in table
+        assert f"| {batch} | {name} | failed |  |  |  |  |  |  |  |  | RuntimeError: RESOURCE_EXHAUSTED: out of " \
+               f"memory / {name} |" in table
         if name == "plain":  # no baseline: nothing else of the group runs
             assert [m for m, b in rows if b == batch] == ["plain"]
         else:  # the methods after the failed one ran and were compared with plain
@@ -235,6 +237,8 @@ def test_a_failing_method_gets_a_failed_row_and_the_run_goes_on(tmp_path, monkey
             assert rows["chain[a]4", batch]["call_speedup"] == 1.0
             assert rows["pld10", batch]["speedup"] == pytest.approx(1.0)
             assert rows["pld10", batch]["call_speedup"] == pytest.approx(1.0 / 0.8)  # plain's call over pld's
+            assert rows["pld10", batch]["pass_ms"] == pytest.approx(200.0)  # 0.4 s over the window's 2 passes
+            assert rows["pld10", batch]["pass_steps"] == pytest.approx(1.0)  # plain's pass costs as much
     plots = [] if fail == {"plain"} else ["tasks_speed.png", "tasks_speedup.png", "tasks_accept_hist.png",
                                           "tasks_batch.png"]
     assert report["plots"] == [str(tmp_path / name) for name in plots]

@@ -7,7 +7,10 @@ the acceptance-length histogram). The reports of several runs (one per context l
 Conventions (the PyTorch LongSpec evaluation's): tau = tokens generated / (rounds + 1); decode tokens/s = (tokens
 generated - tokens of the probe call) / (generation time - probe time), summed over the batches, so prefill is left
 out; prefill time = the probe's time less its own decoding at that rate; speedup against plain decoding of the same
-samples in the same run; idle rows = the share of a batch's row slots that rode along after their row was done.
+samples in the same run; pass ms = the decode window's time per target pass (a round; plain: a step), and in
+brackets that over plain's: a round's cost in plain steps, so that speedup = the window's tokens per pass / it (tau
+counts the whole call's passes, whose acceptance can differ from the window's); idle rows = the share of a batch's
+row slots that rode along after their row was done.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ def summarize_runs(runs: list[dict]) -> dict:
     ``probe_generated`` [B], ``probe_s``, ``probe_rounds`` [B] or None, optional ``accept_counts`` [B, A].
     ``idle_row_share``: a batch's rows pass together until its last row is done, and a row done earlier rides
     along idle: the share of row slots in the full calls' passes that were idle (0 at batch 1; NaN for HF).
-    ``call_s``: the full calls' seconds, prefill and every token (a long output's whole generation)."""
+    ``call_s``: the full calls' seconds, prefill and every token (a long output's whole generation).
+    ``pass_ms``: milliseconds a target pass (a round; plain: a token step) over the decode window, the passes
+    between probe and full call, the window tokens/s is measured over (NaN for HF, which reports no passes)."""
     generated = sum(int(np.sum(r["generated"])) for r in runs)
     known = all(r["rounds"] is not None for r in runs)  # HF does not report its rounds
     rounds = sum(int(np.sum(r["rounds"])) for r in runs) if known else None
@@ -36,11 +41,13 @@ def summarize_runs(runs: list[dict]) -> dict:
     decoded = generated - sum(int(np.sum(r["probe_generated"])) for r in runs)
     decode_s = sum(r["total_s"] - r["probe_s"] for r in runs)
     passes = sum(len(r["rounds"]) * max(r["rounds"]) for r in runs) if known else 0  # row slots of the passes
+    decode_passes = sum(max(r["rounds"]) - max(r["probe_rounds"]) for r in runs) if known else 0
     row = dict(sequences=sequences, generated=generated, rounds=rounds,
                tau=generated / (rounds + sequences) if known else float("nan"),
                idle_row_share=1 - rounds / passes if passes else float("nan"),
                decode_s=decode_s, prefill_s=sum(prefill_seconds(r) for r in runs),
                call_s=sum(r["total_s"] for r in runs),
+               pass_ms=1e3 * decode_s / decode_passes if decode_passes > 0 else float("nan"),
                tokens_per_s=decoded / decode_s if decode_s > 0 and decoded > 0 else float("nan"))
     counts = [np.sum(r["accept_counts"], axis=0) for r in runs if r.get("accept_counts") is not None]
     if counts:
@@ -79,20 +86,29 @@ def method_cell(row: dict) -> str:
     return f"{row['method']}: {kind}{','.join(map(str, chosen['tree_shape']))}"
 
 
+def pass_cell(row: dict) -> str:
+    """A target pass's milliseconds over the decode window and, beside plain, its cost in plain steps."""
+    ms, steps = row.get("pass_ms", math.nan), row.get("pass_steps", math.nan)
+    if math.isnan(ms):
+        return ""
+    return f"{ms:.2f}" if math.isnan(steps) else f"{ms:.2f} ({steps:.2f})"
+
+
 def markdown(rows: list[dict]) -> str:
-    lines = md_header(["task", "bucket", "T", "batch", "method", "tau", "tok/s", "speedup", "whole call", "idle rows",
-                       "prefill s", "peak GiB", "repeated 4-grams", "T=0 equal to plain"])
+    lines = md_header(["task", "bucket", "T", "batch", "method", "tau", "tok/s", "speedup", "whole call",
+                       "pass ms (plain steps)", "idle rows", "prefill s", "peak GiB", "repeated 4-grams",
+                       "T=0 equal to plain"])
     for r in rows:
         if "error" in r:
             lines.append(md_row([r["task"], r["bucket"], r["temperature"], r["batch"], r["method"], "failed", "",
-                                 "", "", "", "", "", "", r["error"].splitlines()[0][:100].replace("|", "/")]))
+                                 "", "", "", "", "", "", "", r["error"].splitlines()[0][:100].replace("|", "/")]))
             continue
         idle = r.get("idle_row_share", math.nan)
         equal = "" if r.get("partings") is None else lossless_cell(r["partings"])
         peak = "" if r.get("peak_bytes") is None else f"{r['peak_bytes'] / 2**30:.1f}"
         lines.append(md_row([r["task"], r["bucket"], r["temperature"], r["batch"], method_cell(r), f"{r['tau']:.2f}",
                              f"{r['tokens_per_s']:.1f}", f"{r.get('speedup', float('nan')):.2f}x",
-                             "" if "call_speedup" not in r else f"{r['call_speedup']:.2f}x",
+                             "" if "call_speedup" not in r else f"{r['call_speedup']:.2f}x", pass_cell(r),
                              "" if math.isnan(idle) else f"{idle:.2f}", f"{r['prefill_s']:.2f}", peak,
                              "" if "repeat_4gram_share" not in r else f"{r['repeat_4gram_share']:.2f}",
                              equal]))

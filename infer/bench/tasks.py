@@ -254,10 +254,11 @@ def group_rows(runner: Runner, methods: list[Method], batches: list[list[Sample]
             row["speculation"] = runs[0]["speculation"]
         outputs = [t for r in runs for t in r["tokens"]]
         if plain is None:
-            plain = dict(tps=row["tokens_per_s"], call_s=row["call_s"], outputs=outputs)
+            plain = dict(tps=row["tokens_per_s"], call_s=row["call_s"], pass_ms=row["pass_ms"], outputs=outputs)
             row["repeat_4gram_share"] = float(np.mean([repeat_4gram_share(p, o) for p, o in zip(prompts, outputs)]))
         row["speedup"] = row["tokens_per_s"] / plain["tps"]
         row["call_speedup"] = plain["call_s"] / row["call_s"]
+        row["pass_steps"] = row["pass_ms"] / plain["pass_ms"]  # a round's cost in plain decoding steps
         if temperature == 0 and method.name != "plain":
             row["partings"] = partings(reference32, prompts, outputs, plain["outputs"])
         log(f"{label}: tau {row['tau']:.2f}, {row['tokens_per_s']:.1f} tok/s ({row['speedup']:.2f}x)")
