@@ -46,6 +46,7 @@ def test_summary_arithmetic():
     assert row["tokens_per_s"] == pytest.approx((28 - 17) / (0.3 + 0.15))  # between probe and full call
     assert row["call_s"] == pytest.approx(1.5)  # the full calls: prefill and every token
     assert row["pass_ms"] == pytest.approx(1e3 * 0.45 / 4)  # the window's passes: (4 - 2) + (3 - 1)
+    assert row["window_tau"] == pytest.approx((28 - 17) / (2 * 2 + 1 * 2))  # per row: 2 rows x 2 passes, 1 x 2
     # prefill: probe time less its passes, at the cost per pass between probe and full call (the batch's longest
     # row: 0.3 s / (4 - 2) passes, 0.15 s / (3 - 1)); per token the first run's would be 0.7 - 5 * 0.3 / 4
     assert row["prefill_s"] == pytest.approx((0.7 - 2 * 0.15) + (0.35 - 1 * 0.075))
@@ -113,6 +114,10 @@ def test_table_and_plots_render(tmp_path):
            "1/2 (1 near-tie) |" in table
     no_idle_share_nor_call = "| t | 2-4k | 0.0 | 1 | tree[a]2,2 | 2.00 | 150.0 | 1.50x |  |  |  | 0.10 | 2.0 |  |  |"
     assert no_idle_share_nor_call in table
+    assert "predictions" not in table  # no row records a prediction
+    auto = dict(rows[1], method="auto[a]", window_tau=2.5, speculation=dict(
+        tree_shape=[4], draft_sampling=None, expected_tokens=3.0, predicted_speedup=2.4))
+    assert "| t | 2-4k | 0.0 | 1 | auto[a]: 4 | 3.00 / 2.50 | 1.25 / 1.25 | 2.40x / 2.00x |" in markdown(rows + [auto])
     assert [(b["bucket"], b["shape"], b["speedup"], b["tried"]) for b in best_tree_shapes(rows)] == [
         ("2-4k", "4", 2.0, 2), ("4-8k", "2,2", 2.5, 2)]
     assert "| t | 4-8k | 0.0 | 1 | 2,2 | 2.50x | 2 |" in table

@@ -9,8 +9,9 @@ generated - tokens of the probe call) / (generation time - probe time), summed o
 out; prefill time = the probe's time less its own decoding at that rate; speedup against plain decoding of the same
 samples in the same run; pass ms = the decode window's time per target pass (a round; plain: a step), and in
 brackets that over plain's: a round's cost in plain steps, so that speedup = the window's tokens per pass / it (tau
-counts the whole call's passes, whose acceptance can differ from the window's); idle rows = the share of a batch's
-row slots that rode along after their row was done.
+counts the whole call's passes, whose acceptance can differ from the window's; a table of their own sets the cost
+model's predictions against the window's tokens per pass, round cost and speedup); idle rows = the share of a
+batch's row slots that rode along after their row was done.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def summarize_runs(runs: list[dict]) -> dict:
     along idle: the share of row slots in the full calls' passes that were idle (0 at batch 1; NaN for HF).
     ``call_s``: the full calls' seconds, prefill and every token (a long output's whole generation).
     ``pass_ms``: milliseconds a target pass (a round; plain: a token step) over the decode window, the passes
-    between probe and full call, the window tokens/s is measured over (NaN for HF, which reports no passes)."""
+    between probe and full call, the window tokens/s is measured over (NaN for HF, which reports no passes);
+    ``window_tau``: tokens a row emitted per pass over that window (a batch's rows pass side by side)."""
     generated = sum(int(np.sum(r["generated"])) for r in runs)
     known = all(r["rounds"] is not None for r in runs)  # HF does not report its rounds
     rounds = sum(int(np.sum(r["rounds"])) for r in runs) if known else None
@@ -42,12 +44,14 @@ def summarize_runs(runs: list[dict]) -> dict:
     decode_s = sum(r["total_s"] - r["probe_s"] for r in runs)
     passes = sum(len(r["rounds"]) * max(r["rounds"]) for r in runs) if known else 0  # row slots of the passes
     decode_passes = sum(max(r["rounds"]) - max(r["probe_rounds"]) for r in runs) if known else 0
+    row_passes = sum(len(r["rounds"]) * (max(r["rounds"]) - max(r["probe_rounds"])) for r in runs) if known else 0
     row = dict(sequences=sequences, generated=generated, rounds=rounds,
                tau=generated / (rounds + sequences) if known else float("nan"),
                idle_row_share=1 - rounds / passes if passes else float("nan"),
                decode_s=decode_s, prefill_s=sum(prefill_seconds(r) for r in runs),
                call_s=sum(r["total_s"] for r in runs),
                pass_ms=1e3 * decode_s / decode_passes if decode_passes > 0 else float("nan"),
+               window_tau=decoded / row_passes if row_passes > 0 else float("nan"),
                tokens_per_s=decoded / decode_s if decode_s > 0 and decoded > 0 else float("nan"))
     counts = [np.sum(r["accept_counts"], axis=0) for r in runs if r.get("accept_counts") is not None]
     if counts:
@@ -112,6 +116,7 @@ def markdown(rows: list[dict]) -> str:
                              "" if math.isnan(idle) else f"{idle:.2f}", f"{r['prefill_s']:.2f}", peak,
                              "" if "repeat_4gram_share" not in r else f"{r['repeat_4gram_share']:.2f}",
                              equal]))
+    lines += cost_model_predictions(rows)
     best = best_tree_shapes(rows)
     if best:
         lines += ["", f"Fastest shape of the tree sweep ({best[0]['draft']}), per bucket, temperature and batch:", ""]
@@ -119,6 +124,25 @@ def markdown(rows: list[dict]) -> str:
         lines += [md_row([b["task"], b["bucket"], b["temperature"], b["batch"], b["shape"], f"{b['speedup']:.2f}x",
                           b["tried"]]) for b in best]
     return "\n".join(lines) + "\n"
+
+
+def cost_model_predictions(rows: list[dict]) -> list[str]:
+    """Markdown lines: what the cost model predicted for each speculative row that records a prediction (auto's
+    choice, or a given shape) against the decode window's measurement (tokens per pass, a round's cost in plain
+    steps, speedup); none where no row holds one."""
+    rows = [r for r in rows if "error" not in r and (r.get("speculation") or {}).get("predicted_speedup")]
+    if not rows:
+        return []
+    lines = ["", "The cost model's predictions (predicted / measured over the decode window):", ""]
+    lines += md_header(["task", "bucket", "T", "batch", "method", "tokens per pass", "round in plain steps",
+                        "speedup"])
+    for r in rows:
+        tokens, speedup = r["speculation"]["expected_tokens"], r["speculation"]["predicted_speedup"]
+        lines.append(md_row([r["task"], r["bucket"], r["temperature"], r["batch"], method_cell(r),
+                             f"{tokens:.2f} / {r.get('window_tau', math.nan):.2f}",
+                             f"{tokens / speedup:.2f} / {r.get('pass_steps', math.nan):.2f}",
+                             f"{speedup:.2f}x / {r.get('speedup', math.nan):.2f}x"]))
+    return lines
 
 
 def best_tree_shapes(rows: list[dict]) -> list[dict]:
