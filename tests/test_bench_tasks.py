@@ -322,3 +322,34 @@ def test_runner_asks_generate_for_what_each_method_is(monkeypatch):
     calls.clear()
     runner(auto, [sample], 1.0, 16)
     assert calls and all("draft_sampling" not in c and "tree_shape" not in c for c in calls)
+
+
+def test_runner_compiles_in_the_probe_and_times_a_full_call_that_compiled_again(monkeypatch):
+    """The warm-up is the probe (it runs the full call's program); a full call that compiled anyway (auto choosing
+    another shape for its longer context) is timed again."""
+    import types
+
+    from infer.bench import tasks
+    from infer.bench.harness import backend_compiles
+    from infer.bench.task_data import Sample
+    from longspec_jax.testing import random_draft, tiny_target
+
+    target = tiny_target(0)
+    args = types.SimpleNamespace(new_tokens=16, reps=1, ignore_eos=True, seed=0)
+    runner = tasks.Runner(target, {"a": random_draft(1)}, None, args)
+    assert runner.warmup_tokens == (9,)
+    batch = [Sample("t", "0", "", [], list(range(3, 40)))]
+    calls = []
+    generate = tasks.generate
+    monkeypatch.setattr(tasks, "generate", lambda *a, **k: calls.append(k["max_new_tokens"]) or generate(*a, **k))
+    chain = tasks.Method("chain[a]2", draft="a", tree=(1, 1), draft_sampling=False)
+    runner(chain, batch, 0.0, 64)  # compiles in the warm-up
+    compiled = backend_compiles()
+    run = runner(chain, batch, 0.0, 64)
+    assert backend_compiles() == compiled and calls == [9, 9, 16, 9, 16]  # warm-up, probe, full; then probe, full
+    assert run["generated"] == [16] and run["probe_generated"] == [9]
+    counts = iter([0, 1, 1])  # the full call compiled
+    monkeypatch.setattr(tasks, "backend_compiles", lambda: next(counts))
+    calls.clear()
+    runner(chain, batch, 0.0, 64)
+    assert calls == [9, 16, 16]

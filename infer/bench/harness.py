@@ -133,6 +133,25 @@ def median_call(call: Callable, reps: int) -> tuple[float, Any]:
     return statistics.median(times), out
 
 
+_BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_backend_compiles = [0]
+
+
+@functools.cache
+def _count_backend_compiles() -> None:
+    def listener(event: str, _seconds: float, **_kwargs) -> None:
+        if event == _BACKEND_COMPILE_EVENT:
+            _backend_compiles[0] += 1
+    jax.monitoring.register_event_duration_secs_listener(listener)
+
+
+def backend_compiles() -> int:
+    """Programs XLA has compiled in this process since the first call of this function (a call whose count
+    changed compiled something, and its time holds the compile)."""
+    _count_backend_compiles()
+    return _backend_compiles[0]
+
+
 def net_of_overhead(per_step_s: float, empty_per_step_s: float) -> dict:
     """An op's time = loop time per step - the empty loop's (same loop, identity op), in microseconds."""
     return dict(us=(per_step_s - empty_per_step_s) * 1e6, raw_us=per_step_s * 1e6, overhead_us=empty_per_step_s * 1e6)

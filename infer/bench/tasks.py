@@ -58,7 +58,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from infer.bench.drafts import repeat_4gram_share
-from infer.bench.harness import arg_parser, json_object_arg, log, median_call, record_failure, write_report
+from infer.bench.harness import (arg_parser, backend_compiles, json_object_arg, log, median_call, record_failure,
+                                 write_report)
 from infer.bench.near_tie import float32_reference, partings
 from infer.bench.spec_inputs import load_target_and_drafts, with_rope_parameters
 from infer.bench.task_data import (Sample, bucket_bounds, bucket_name, load_longbench, load_reasoning,
@@ -134,7 +135,8 @@ class Runner:
         self.target, self.drafts, self.hf, self.args = target, drafts, hf, args
         self.probe = probe_tokens(args.new_tokens)
         # calls that compile every program a measurement times: a probe of over one token runs the full call's
-        self.warmup_tokens = (args.new_tokens,) if self.probe > 1 else tuple(dict.fromkeys((args.new_tokens, 1)))
+        # (so a long output is not generated a third time to compile it)
+        self.warmup_tokens = (self.probe,) if self.probe > 1 else tuple(dict.fromkeys((args.new_tokens, 1)))
         self.peak_bytes: dict[tuple, int | None] = {}  # per compiled program: XLA's peak bytes of the whole call
 
     def _median(self, call):
@@ -159,7 +161,10 @@ class Runner:
                     generate(self.target, prompts, max_new_tokens=n, **kwargs)
             self.peak_bytes[key] = max((p for p in peaks if p is not None), default=None)
         probe_s, short = self._median(lambda: generate(self.target, prompts, max_new_tokens=self.probe, **kwargs))
+        compiled = backend_compiles()
         total_s, out = self._median(lambda: generate(self.target, prompts, max_new_tokens=a.new_tokens, **kwargs))
+        if backend_compiles() > compiled:  # auto chose another shape for the full call's longer context: again
+            total_s, out = self._median(lambda: generate(self.target, prompts, max_new_tokens=a.new_tokens, **kwargs))
         return dict(generated=out.num_generated.tolist(), rounds=out.num_rounds.tolist(), total_s=total_s,
                     probe_generated=short.num_generated.tolist(), probe_rounds=short.num_rounds.tolist(),
                     probe_s=probe_s, peak_bytes=self.peak_bytes[key],
