@@ -43,8 +43,8 @@ def summarize_runs(runs: list[dict]) -> dict:
     decoded = generated - sum(int(np.sum(r["probe_generated"])) for r in runs)
     decode_s = sum(r["total_s"] - r["probe_s"] for r in runs)
     passes = sum(len(r["rounds"]) * max(r["rounds"]) for r in runs) if known else 0  # row slots of the passes
-    decode_passes = sum(max(r["rounds"]) - max(r["probe_rounds"]) for r in runs) if known else 0
-    row_passes = sum(len(r["rounds"]) * (max(r["rounds"]) - max(r["probe_rounds"])) for r in runs) if known else 0
+    decode_passes = sum(window_passes(r) for r in runs) if known else 0
+    row_passes = sum(len(r["rounds"]) * window_passes(r) for r in runs) if known else 0
     row = dict(sequences=sequences, generated=generated, rounds=rounds,
                tau=generated / (rounds + sequences) if known else float("nan"),
                idle_row_share=1 - rounds / passes if passes else float("nan"),
@@ -59,16 +59,21 @@ def summarize_runs(runs: list[dict]) -> dict:
     return row
 
 
+def window_passes(run: dict) -> int:
+    """Target passes between the probe and the full call (the batch's rows pass side by side: its longest row's)."""
+    return max(run["rounds"]) - max(run["probe_rounds"])
+
+
 def prefill_seconds(run: dict) -> float:
     """The probe's time less its decoding, at the rate between probe and full call. Our methods count target
     passes (``rounds``, ``probe_rounds``; the batch's rows pass side by side, so its longest row): every pass of a
     compiled program costs the same whatever it accepts, while tokens per pass vary (per token, a probe that
     accepted more than the full call came out with a negative prefill). HF reports no passes: per token."""
     if run.get("rounds") is not None and run.get("probe_rounds") is not None:
-        full, probe = max(run["rounds"]), max(run["probe_rounds"])
+        probe, window = max(run["probe_rounds"]), window_passes(run)
     else:
-        full, probe = np.mean(run["generated"]) - 1, np.mean(run["probe_generated"]) - 1
-    step_s = (run["total_s"] - run["probe_s"]) / (full - probe) if full > probe else 0.0
+        probe, window = np.mean(run["probe_generated"]) - 1, np.mean(run["generated"]) - np.mean(run["probe_generated"])
+    step_s = (run["total_s"] - run["probe_s"]) / window if window > 0 else 0.0
     return run["probe_s"] - probe * step_s
 
 

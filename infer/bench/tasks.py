@@ -160,11 +160,14 @@ class Runner:
                 for n in self.warmup_tokens:
                     generate(self.target, prompts, max_new_tokens=n, **kwargs)
             self.peak_bytes[key] = max((p for p in peaks if p is not None), default=None)
+        def full_call():
+            return generate(self.target, prompts, max_new_tokens=a.new_tokens, **kwargs)
+
         probe_s, short = self._median(lambda: generate(self.target, prompts, max_new_tokens=self.probe, **kwargs))
         compiled = backend_compiles()
-        total_s, out = self._median(lambda: generate(self.target, prompts, max_new_tokens=a.new_tokens, **kwargs))
+        total_s, out = self._median(full_call)
         if backend_compiles() > compiled:  # auto chose another shape for the full call's longer context: again
-            total_s, out = self._median(lambda: generate(self.target, prompts, max_new_tokens=a.new_tokens, **kwargs))
+            total_s, out = self._median(full_call)
         return dict(generated=out.num_generated.tolist(), rounds=out.num_rounds.tolist(), total_s=total_s,
                     probe_generated=short.num_generated.tolist(), probe_rounds=short.num_rounds.tolist(),
                     probe_s=probe_s, peak_bytes=self.peak_bytes[key],
