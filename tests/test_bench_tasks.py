@@ -324,9 +324,9 @@ def test_runner_asks_generate_for_what_each_method_is(monkeypatch):
     assert calls and all("draft_sampling" not in c and "tree_shape" not in c for c in calls)
 
 
-def test_runner_compiles_in_the_probe_and_times_a_full_call_that_compiled_again(monkeypatch):
-    """The warm-up is the probe (it runs the full call's program); a full call that compiled anyway (auto choosing
-    another shape for its longer context) is timed again."""
+def test_runner_compiles_in_the_probe_and_retimes_a_full_call_that_compiled(monkeypatch):
+    """The warm-up is the probe (it runs the full call's program); where the full call compiled anyway (auto
+    choosing another shape for its longer context), probe and full call are timed again with that choice."""
     import types
 
     from infer.bench import tasks
@@ -348,8 +348,18 @@ def test_runner_compiles_in_the_probe_and_times_a_full_call_that_compiled_again(
     run = runner(chain, batch, 0.0, 64)
     assert backend_compiles() == compiled and calls == [9, 9, 16, 9, 16]  # warm-up, probe, full; then probe, full
     assert run["generated"] == [16] and run["probe_generated"] == [9]
-    counts = iter([0, 1, 1])  # the full call compiled
+    counts = iter([0, 1])  # the full call compiled
     monkeypatch.setattr(tasks, "backend_compiles", lambda: next(counts))
     calls.clear()
     runner(chain, batch, 0.0, 64)
-    assert calls == [9, 16, 16]
+    assert calls == [9, 16, 9, 16]  # probe and full call again, with the full call's choice
+
+
+def test_chosen_repeats_what_a_call_speculated_with():
+    from infer.bench.tasks import chosen
+    from infer.speculation import Speculation
+
+    assert chosen(Speculation((8, 8, 7), "without_replacement", "auto")) == dict(
+        tree_shape=(8, 8, 7), draft_sampling="without_replacement")
+    assert chosen(Speculation((3, 4), None, "auto")) == dict(tree_shape=(3, 4), draft_sampling=False)
+    assert chosen(Speculation(None, None, "auto: plain")) == chosen(None) == dict(draft=None)

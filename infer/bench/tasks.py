@@ -160,14 +160,16 @@ class Runner:
                 for n in self.warmup_tokens:
                     generate(self.target, prompts, max_new_tokens=n, **kwargs)
             self.peak_bytes[key] = max((p for p in peaks if p is not None), default=None)
-        def full_call():
-            return generate(self.target, prompts, max_new_tokens=a.new_tokens, **kwargs)
+        def call(new_tokens: int, **choice):
+            return lambda: generate(self.target, prompts, max_new_tokens=new_tokens, **{**kwargs, **choice})
 
-        probe_s, short = self._median(lambda: generate(self.target, prompts, max_new_tokens=self.probe, **kwargs))
+        probe_s, short = self._median(call(self.probe))
         compiled = backend_compiles()
-        total_s, out = self._median(full_call)
-        if backend_compiles() > compiled:  # auto chose another shape for the full call's longer context: again
-            total_s, out = self._median(full_call)
+        total_s, out = self._median(call(a.new_tokens))
+        if backend_compiles() > compiled:  # auto chose another shape for the full call's longer context: both
+            choice = chosen(out.speculation)  # calls again with that one, whose program is now compiled
+            probe_s, short = self._median(call(self.probe, **choice))
+            total_s, out = self._median(call(a.new_tokens, **choice))
         return dict(generated=out.num_generated.tolist(), rounds=out.num_rounds.tolist(), total_s=total_s,
                     probe_generated=short.num_generated.tolist(), probe_rounds=short.num_rounds.tolist(),
                     probe_s=probe_s, peak_bytes=self.peak_bytes[key],
@@ -225,6 +227,13 @@ def methods_at(methods: list[Method], batch_size: int, temperature: float) -> li
     """The methods that run at a batch size and temperature: HF's prompt lookup at batch 1 only, trees sampled
     from the draft at T > 0 only."""
     return [m for m in methods if not (m.hf_lookup and batch_size > 1) and not (m.sampled and temperature == 0)]
+
+
+def chosen(speculation) -> dict:
+    """``generate()`` arguments that repeat what a call speculated with (``GenerateOutput.speculation``)."""
+    if speculation is None or speculation.tree_shape is None:
+        return dict(draft=None)
+    return dict(tree_shape=speculation.tree_shape, draft_sampling=speculation.draft_sampling or False)
 
 
 def speculation_record(speculation) -> dict | None:
