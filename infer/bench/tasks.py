@@ -230,8 +230,11 @@ def methods_at(methods: list[Method], batch_size: int, temperature: float) -> li
 
 
 def chosen(speculation) -> dict:
-    """``generate()`` arguments that repeat what a call speculated with (``GenerateOutput.speculation``)."""
-    if speculation is None or speculation.tree_shape is None:
+    """``generate()`` arguments that repeat what a call speculated with (``GenerateOutput.speculation``): none for a
+    call that made no choice (plain, prompt lookup), no draft where auto chose plain decoding."""
+    if speculation is None:
+        return {}
+    if speculation.tree_shape is None:
         return dict(draft=None)
     return dict(tree_shape=speculation.tree_shape, draft_sampling=speculation.draft_sampling or False)
 
