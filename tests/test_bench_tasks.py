@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from infer import generate
-from infer.bench.task_report import best_tree_shapes, markdown, plot, summarize_runs
+from infer.bench.task_report import _speedup_figure, best_tree_shapes, markdown, plot, summarize_runs
 from infer.bench.tasks import main, methods_at, parse_methods, probe_tokens
 from longspec_jax import load_target
 from tests.train_helpers import build_target_dir
@@ -118,6 +118,8 @@ def test_table_and_plots_render(tmp_path):
     auto = dict(rows[1], method="auto[a]", window_tau=2.5, speculation=dict(
         tree_shape=[4], draft_sampling=None, expected_tokens=3.0, predicted_speedup=2.4))
     assert "| t | 2-4k | 0.0 | 1 | auto[a]: 4 | 3.00 / 2.50 | 1.25 / 1.25 | 2.40x / 2.00x |" in markdown(rows + [auto])
+    older = {k: v for k, v in auto.items() if k not in ("window_tau", "pass_steps")}  # a report before them
+    assert "| t | 2-4k | 0.0 | 1 | auto[a]: 4 | 3.00 | 1.25 | 2.40x / 2.00x |" in markdown(rows + [older])
     assert [(b["bucket"], b["shape"], b["speedup"], b["tried"]) for b in best_tree_shapes(rows)] == [
         ("2-4k", "4", 2.0, 2), ("4-8k", "2,2", 2.5, 2)]
     assert "| t | 4-8k | 0.0 | 1 | 2,2 | 2.50x | 2 |" in table
@@ -129,6 +131,13 @@ def test_table_and_plots_render(tmp_path):
     paths = plot(rows + batch2 + [dict(rows[0], method="hf", error="OutOfMemoryError", tokens_per_s=float("nan"))],
                  str(tmp_path), ["2-4k", "4-8k"])
     assert paths[-1] == str(tmp_path / "tasks_batch.png") and len(paths) == 4
+    import matplotlib.pyplot as plt
+    late_short = [dict(r, batch=8, bucket="1-2k") for r in rows if r["bucket"] == "2-4k"]  # drawn last, shortest
+    fig = _speedup_figure(plt, rows + late_short, [0.0], ["plain", "tree[a]4"], ["1-2k", "2-4k", "4-8k"])
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1-2k", "2-4k", "4-8k"]
+    assert [list(line.get_xdata()) for line in ax.get_lines()[:2]] == [[1, 2], [0]]
+    plt.close(fig)
     with open(paths[-1], "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 

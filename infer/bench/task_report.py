@@ -144,10 +144,16 @@ def cost_model_predictions(rows: list[dict]) -> list[str]:
     for r in rows:
         tokens, speedup = r["speculation"]["expected_tokens"], r["speculation"]["predicted_speedup"]
         lines.append(md_row([r["task"], r["bucket"], r["temperature"], r["batch"], method_cell(r),
-                             f"{tokens:.2f} / {r.get('window_tau', math.nan):.2f}",
-                             f"{tokens / speedup:.2f} / {r.get('pass_steps', math.nan):.2f}",
-                             f"{speedup:.2f}x / {r.get('speedup', math.nan):.2f}x"]))
+                             _against(tokens, r.get("window_tau", math.nan)),
+                             _against(tokens / speedup, r.get("pass_steps", math.nan)),
+                             _against(speedup, r.get("speedup", math.nan), "x")]))
     return lines
+
+
+def _against(predicted: float, measured: float, unit: str = "") -> str:
+    """``predicted / measured``; the prediction alone where the row has no such measure (an older report)."""
+    cell = f"{predicted:.2f}{unit}"
+    return cell if math.isnan(measured) else f"{cell} / {measured:.2f}{unit}"
 
 
 def best_tree_shapes(rows: list[dict]) -> list[dict]:
@@ -213,7 +219,8 @@ def _speed_figure(plt, rows, temps, methods, bucket_order):
             xs = [b for b in bucket_order if any(r["bucket"] == b for r in picked)]
             for ax, key in ((axes[0, col], "tokens_per_s"), (axes[1, col], "tau")):
                 ys = [np.mean([r[key] for r in picked if r["bucket"] == b]) for b in xs]
-                ax.plot(xs, ys, marker="o", label=method)
+                ax.plot([bucket_order.index(b) for b in xs], ys, marker="o", label=method)
+                _bucket_ticks(ax, bucket_order)
         axes[0, col].set_title(f"T={t}, batch {batch}: decode tokens/s")
         axes[1, col].set_title(f"T={t}, batch {batch}: tau")
         axes[1, col].set_xlabel("prompt length")
@@ -230,13 +237,20 @@ def _speedup_figure(plt, rows, temps, methods, bucket_order):
                 picked = [r for r in rows if r["temperature"] == t and r["batch"] == batch and r["method"] == method]
                 xs = [b for b in bucket_order if any(r["bucket"] == b for r in picked)]
                 if xs:
-                    ax.plot(xs, [np.mean([r["speedup"] for r in picked if r["bucket"] == b]) for b in xs],
+                    ax.plot([bucket_order.index(b) for b in xs],
+                            [np.mean([r["speedup"] for r in picked if r["bucket"] == b]) for b in xs],
                             marker="o", label=f"{method}, batch {batch}")
+        _bucket_ticks(ax, bucket_order)
         ax.axhline(1.0, color="gray", linewidth=0.8)
         ax.set_title(f"T={t}: decode speedup against plain")
         ax.set_xlabel("prompt length")
         ax.legend(fontsize=7)
     return fig
+
+
+def _bucket_ticks(ax, bucket_order):
+    """Every bucket at its place from the shortest prompts up, whichever lines were drawn first."""
+    ax.set_xticks(range(len(bucket_order)), bucket_order)
 
 
 def _accept_figure(plt, rows, temps, methods):
