@@ -72,6 +72,12 @@ def test_padded_pair_runs_the_pad_script_once_per_model(tmp_path):
     assert spec_inputs.build_padded_pair(str(fixture), str(script), str(work)) == (big, big_draft)
     assert len(calls.read_text().splitlines()) == 2  # nothing padded again
 
+    (small_draft / "draft_vocab.npy").write_bytes(b"ids")  # what proposes and how well travels with the draft
+    (small_draft / "speculation_profile.json").write_text("{}")
+    spec_inputs.pad_pair(str(fixture), {"random": str(small_draft)}, str(script), str(work))
+    assert (work / "draft_random" / "draft_vocab.npy").read_bytes() == b"ids"
+    assert (work / "draft_random" / "speculation_profile.json").read_text() == "{}"
+
 
 def test_load_target_and_drafts_pads_first_when_asked(tmp_path):
     """The target in bf16 and each named draft loaded against it, from the given directories or, with a pad

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from infer.bench.harness import log
 from infer.bench.near_tie import greedy_top2_gaps
+from longspec_jax.draft_vocab import VOCAB_NAME
 from longspec_jax.speculation_profile import PROFILE_FILE
 
 PAD_ARGS = ["--hidden-size", "4608", "--intermediate-size", "14336", "--num-layers", "32", "--num-heads", "72",
@@ -25,7 +26,7 @@ DEV_REPOS = ("pygments", "pyparsing", "mpmath")
 
 def pad_pair(fixture: str, drafts: dict[str, str], pad_script: str, work: str) -> tuple[str, dict[str, str]]:
     """The target and each draft padded to 8B-like cost by ``pad_model.py`` (reused when already in ``work``), each
-    padded draft with its small draft's speculation profile."""
+    padded draft with its small draft's speculation profile and draft vocabulary, where it has them."""
     big = os.path.join(work, "target")
     jobs = [([fixture, big, "--overwrite", *PAD_ARGS], big)]
     padded = {name: os.path.join(work, f"draft_{name}") for name in drafts}
@@ -35,10 +36,10 @@ def pad_pair(fixture: str, drafts: dict[str, str], pad_script: str, work: str) -
             t0 = time.perf_counter()
             subprocess.run([sys.executable, pad_script, *args], check=True)
             log(f"padded {out} in {time.perf_counter() - t0:.0f} s")
-    for name, path in drafts.items():  # a padded draft computes the same function: it accepts the same
-        profile = os.path.join(path, PROFILE_FILE)
-        if os.path.isfile(profile):
-            shutil.copyfile(profile, os.path.join(padded[name], PROFILE_FILE))
+    for name, path in drafts.items():  # a padded draft computes the same function over the same vocabulary
+        for file in (PROFILE_FILE, VOCAB_NAME):
+            if os.path.isfile(os.path.join(path, file)):
+                shutil.copyfile(os.path.join(path, file), os.path.join(padded[name], file))
     return big, padded
 
 
