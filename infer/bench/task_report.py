@@ -220,7 +220,8 @@ def _speed_figure(plt, rows, temps, methods, bucket_order):
             for ax, key in ((axes[0, col], "tokens_per_s"), (axes[1, col], "tau")):
                 ys = [np.mean([r[key] for r in picked if r["bucket"] == b]) for b in xs]
                 ax.plot([bucket_order.index(b) for b in xs], ys, marker="o", label=method)
-                _bucket_ticks(ax, bucket_order)
+        for ax in axes[:, col]:
+            _bucket_ticks(ax, bucket_order)
         axes[0, col].set_title(f"T={t}, batch {batch}: decode tokens/s")
         axes[1, col].set_title(f"T={t}, batch {batch}: tau")
         axes[1, col].set_xlabel("prompt length")
