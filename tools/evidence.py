@@ -35,6 +35,7 @@ from typing import Callable, NamedTuple
 
 from infer.bench.harness import log, md_header, md_row, write_report
 from infer.main import DEFAULT_MODEL
+from longspec_jax.draft_vocab import VOCAB_NAME
 
 ROPE_128K = {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4,
              "original_max_position_embeddings": 16384}
@@ -60,7 +61,7 @@ def plan(args) -> list[Step]:
         return ["--out", os.path.join(args.out, name)]
 
     def with_vocab():
-        if not os.path.isfile(os.path.join(vocab_draft, "draft_vocab.npy")):
+        if not os.path.isfile(os.path.join(vocab_draft, VOCAB_NAME)):
             shutil.copytree(args.draft, vocab_draft, dirs_exist_ok=True)
             subprocess.run([sys.executable, "-m", "train.vocab", "--target", args.fixture, "--data",
                             os.path.join(args.corpus, "train.jsonl"), "--size", str(VOCAB_K), "--out", vocab_draft],
