@@ -53,6 +53,9 @@ def test_summary_arithmetic():
     # a probe that accepted more per pass than the full call: per pass stays positive, per token would not
     fast_probe = dict(generated=[10], rounds=[8], total_s=0.8, probe_generated=[8], probe_rounds=[2], probe_s=0.25)
     assert summarize_runs([fast_probe])["prefill_s"] == pytest.approx(0.25 - 2 * 0.55 / 6)
+    # a long output (16 new tokens on a 20-token prompt): its passes cost more late than early, no estimate
+    assert summarize_runs([dict(fast_probe, prompt_tokens=[20])])["prefill_s"] == pytest.approx(0.25 - 2 * 0.55 / 6)
+    assert math.isnan(summarize_runs([dict(fast_probe, generated=[16], prompt_tokens=[20, 30])])["prefill_s"])
     assert row["accept_counts"] == [2, 6]
     hf = summarize_runs([dict(generated=[5], rounds=None, total_s=1.0, probe_generated=[1], probe_s=0.5)])
     assert math.isnan(hf["tau"]) and math.isnan(hf["pass_ms"])
@@ -114,6 +117,8 @@ def test_table_and_plots_render(tmp_path):
            "1/2 (1 near-tie) |" in table
     no_idle_share_nor_call = "| t | 2-4k | 0.0 | 1 | tree[a]2,2 | 2.00 | 150.0 | 1.50x |  |  |  | 0.10 | 2.0 |  |  |"
     assert no_idle_share_nor_call in table
+    no_prefill = "| t | 2-4k | 0.0 | 1 | tree[a]2,2 | 2.00 | 150.0 | 1.50x |  |  |  |  | 2.0 |  |  |"  # a long output
+    assert no_prefill in markdown([dict(rows[2], prefill_s=float("nan"))])
     assert "predictions" not in table  # no row records a prediction
     auto = dict(rows[1], method="auto[a]", window_tau=2.5, speculation=dict(
         tree_shape=[4], draft_sampling=None, expected_tokens=3.0, predicted_speedup=2.4))

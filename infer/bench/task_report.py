@@ -64,11 +64,19 @@ def window_passes(run: dict) -> int:
     return max(run["rounds"]) - max(run["probe_rounds"])
 
 
+PREFILL_GROWTH = 0.5  # the most a call may grow its shortest prompt's context for a prefill estimate
+
+
 def prefill_seconds(run: dict) -> float:
     """The probe's time less its decoding, at the rate between probe and full call. Our methods count target
     passes (``rounds``, ``probe_rounds``; the batch's rows pass side by side, so its longest row): every pass of a
     compiled program costs the same whatever it accepts, while tokens per pass vary (per token, a probe that
-    accepted more than the full call came out with a negative prefill). HF reports no passes: per token."""
+    accepted more than the full call came out with a negative prefill). HF reports no passes: per token. NaN
+    where the call grows a prompt's context by over ``PREFILL_GROWTH`` (``prompt_tokens`` known): a pass then
+    costs more in the window than in the probe (a 2k prompt with 16k new tokens came out at -3.4 s)."""
+    prompts = run.get("prompt_tokens")
+    if prompts and max(run["generated"]) > PREFILL_GROWTH * min(prompts):
+        return float("nan")
     if run.get("rounds") is not None and run.get("probe_rounds") is not None:
         probe, window = max(run["probe_rounds"]), window_passes(run)
     else:
@@ -118,7 +126,8 @@ def markdown(rows: list[dict]) -> str:
         lines.append(md_row([r["task"], r["bucket"], r["temperature"], r["batch"], method_cell(r), f"{r['tau']:.2f}",
                              f"{r['tokens_per_s']:.1f}", f"{r.get('speedup', float('nan')):.2f}x",
                              "" if "call_speedup" not in r else f"{r['call_speedup']:.2f}x", pass_cell(r),
-                             "" if math.isnan(idle) else f"{idle:.2f}", f"{r['prefill_s']:.2f}", peak,
+                             "" if math.isnan(idle) else f"{idle:.2f}",
+                             "" if math.isnan(r["prefill_s"]) else f"{r['prefill_s']:.2f}", peak,
                              "" if "repeat_4gram_share" not in r else f"{r['repeat_4gram_share']:.2f}",
                              equal]))
     lines += cost_model_predictions(rows)

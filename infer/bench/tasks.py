@@ -146,8 +146,8 @@ class Runner:
         a = self.args
         if method.hf_lookup is not None:
             eos_ids = [] if a.ignore_eos else list(self.target.config.eos_token_ids)
-            return self.hf.run([s.tokens for s in batch], a.new_tokens, temperature, method.hf_lookup, a.seed,
-                               eos_ids, a.reps)
+            return dict(self.hf.run([s.tokens for s in batch], a.new_tokens, temperature, method.hf_lookup, a.seed,
+                                    eos_ids, a.reps), prompt_tokens=[len(s.tokens) for s in batch])
         eos = [] if a.ignore_eos else None
         key = (method, len(batch), temperature, pad_to)
         draft = self.drafts[method.draft] if method.draft else method.lookup
@@ -172,7 +172,7 @@ class Runner:
             total_s, out = self._median(call(a.new_tokens, **choice))
         return dict(generated=out.num_generated.tolist(), rounds=out.num_rounds.tolist(), total_s=total_s,
                     probe_generated=short.num_generated.tolist(), probe_rounds=short.num_rounds.tolist(),
-                    probe_s=probe_s, peak_bytes=self.peak_bytes[key],
+                    probe_s=probe_s, peak_bytes=self.peak_bytes[key], prompt_tokens=[len(p) for p in prompts],
                     accept_counts=None if out.accept_counts is None else out.accept_counts.tolist(),
                     tokens=[out.tokens[b, :n].tolist() for b, n in enumerate(out.num_generated)],
                     speculation=speculation_record(out.speculation))
