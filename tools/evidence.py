@@ -77,7 +77,7 @@ def plan(args) -> list[Step]:
     for t, b in [(0, 1), (0, 8), (1, 2), (1, 4), (1, 16), (0, 2), (0, 4), (0, 16), (1, 1), (1, 8)]:
         rivals = ["--methods", "plain,auto,tree,chain", "--tree-shapes", "4,16,16,16,16"] if t == 0 else [
             "--methods", "plain,auto,stree,schain", "--sampled-shapes", "4,7,7,5"]
-        steps.append(Step(f"auto_t{t}_b{b}", 200 if b == 16 else 150,
+        steps.append(Step(f"auto_t{t}_b{b}", 260 if b == 16 else 210,
                           [*tasks, *out(f"auto_t{t}_b{b}"), "--drafts", f"ours={args.draft}", *rivals, "--buckets",
                            "8192-16384", "--per-bucket", str(max(b, 4)), "--batch-sizes", str(b),
                            "--temperatures", str(t), "--new-tokens", "128"]))
