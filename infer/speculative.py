@@ -115,8 +115,11 @@ def verify(settings: SpecSettings, target_params, cache: KVCache, tree: Tree) ->
 def verify_and_commit(settings, target_params, cache: KVCache, tree: Tree, key, active_B,
                       acceptance: Callable = exact_acceptance) -> tuple[Acceptance, KVCache]:
     """Verifies the tree, accepts (``acceptance(tree, logits, key, settings)``), and commits the accepted path
-    of the active rows."""
-    target_logits_BxNxV, tree_kv = verify(settings, target_params, cache, tree)
+    of the active rows. A finished row's tree attends to none of its cache: its result is dropped, and the cache
+    half's kernels read a row's cache only up to its length, so a static batch's finished rows cost no cache
+    reads while its last rows finish."""
+    attended = cache.replace(lengths=jnp.where(active_B, cache.lengths, 0))
+    target_logits_BxNxV, tree_kv = verify(settings, target_params, attended, tree)
     accepted = acceptance(tree, target_logits_BxNxV, key, settings)
     return accepted, commit(cache, tree_kv, accepted.path_BxA, accepted.count_B, active_B)
 

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 from infer import generate
 from infer.decoding import StopCriteria
 from infer.generate import pad_prompts, plan_speculative, run_speculative
-from infer.speculative import VERIFY_NODE_MULTIPLE, pad_tree_nodes, speculative_start, verify
+from infer.speculative import (VERIFY_NODE_MULTIPLE, exact_acceptance, pad_tree_nodes, speculative_start, verify,
+                               verify_and_commit)
 from longspec_jax.draft import draft_root
 from longspec_jax.sampling import MIN_TEMPERATURE, SamplingConfig
 from longspec_jax.tree import build_tree
@@ -235,6 +236,37 @@ def test_verification_of_a_padded_tree_is_the_same_pass(greedy_case, monkeypatch
     out = run_speculative(padded, target, draft, PROMPTS, MAX_NEW, stop, 0)
     np.testing.assert_array_equal(out.tokens, free.tokens)
     assert out.mean_accepted > 2
+
+
+@pytest.mark.slow
+def test_a_finished_row_attends_to_none_of_its_cache(greedy_case):
+    """Verification with a finished row: the active rows' logits are the full pass's, the finished row's those of
+    an empty cache (its cache is not read), and the commit leaves the finished row's length as it was."""
+    target, _, draft = greedy_case
+    stop = StopCriteria.make(MAX_NEW, [])
+    settings = plan_speculative(target, draft, max(map(len, PROMPTS)), MAX_NEW, SamplingConfig(),
+                                SCENARIOS["narrow-b3"].tree_shape, 512, "xla")
+    tokens, lengths = pad_prompts(PROMPTS, settings.base.prompt_len)
+    state = speculative_start(settings, target.params, draft.weights, tokens, lengths, stop, jax.random.PRNGKey(0))
+    logp_root_BxV, ring = draft_root(settings.draft, draft.weights, target.params, state.cache, state.ring,
+                                     state.pending, state.num_pending)
+    tree = build_tree(settings.tree, settings.draft, draft.weights, target.params, state.cache, ring,
+                      state.pending[:, 0], logp_root_BxV)
+    seen = []
+
+    def recorded(tree, logits, key, settings):
+        seen.append(logits)
+        return exact_acceptance(tree, logits, key, settings)
+
+    active_B = jnp.asarray([True, False, True])
+    _, cache = verify_and_commit(settings, target.params, state.cache, tree, jax.random.PRNGKey(1), active_B,
+                                 recorded)
+    full = verify(settings, target.params, state.cache, tree)[0]
+    empty = verify(settings, target.params, state.cache.replace(lengths=state.cache.lengths.at[1].set(0)), tree)[0]
+    np.testing.assert_array_equal(seen[0][::2], full[::2])
+    np.testing.assert_array_equal(seen[0][1], empty[1])
+    assert np.abs(np.asarray(full[1] - empty[1])).max() > 1e-3  # the row's cache does change its logits
+    assert int(cache.lengths[1]) == int(state.cache.lengths[1]) > 0
 
 
 def test_rows_stop_independently_at_eos(greedy_case):
