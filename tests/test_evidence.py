@@ -38,7 +38,7 @@ def test_every_step_uses_only_options_its_benchmark_accepts(tmp_path, capsys, mo
     vocab.prepare()  # the draft copied, its vocabulary counted by train.vocab
     assert (tmp_path / "work" / "draft_k8192").is_dir() and ran[0][1:3] == ["-m", "train.vocab"]
     steps.append(Step("prepare", 0, ran[0][2:]))
-    assert len({s.name for s in steps}) == len(steps) == 15
+    assert len({s.name for s in steps}) == len(steps) == 16
     for step in steps:
         key = next(k for k in mains if tuple(step.argv[:len(k)]) == k)
         flags = [a for a in step.argv if a.startswith("--")]

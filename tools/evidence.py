@@ -12,8 +12,8 @@ project's own benchmarks writing ``DIR/STEP``:
 - ``vocab_tokens``: the padded pair's tokens/s with the draft's K = 8,192 most frequent training tokens against
   the full vocabulary (auto, T = 0 and 1, batches 1 and 8);
 - ``auto_tT_bB``: auto against plain and the shapes it competes with, at 16k, T = 0 and 1, batches 1 to 16;
-- ``long_output``: a 2k prompt with 16,384 generated tokens at T = 0.6; ``long_128k``: two 128k prompts
-  (llama3-style RoPE scaling by 8), T = 1 and 0.
+- ``long_output`` / ``long_output_t0``: a 2k prompt with 16,384 generated tokens at T = 0.6 / 0;
+  ``long_128k``: two 128k prompts (llama3-style RoPE scaling by 8), T = 1 and 0.
 
 Steps run in the order given; one starts only where its estimated time (on an H100) fits in what is left of
 ``--deadline`` and runs under the rest of it. A step that completed before (``DIR/STEP/step.json`` with rc 0) is not
@@ -82,9 +82,10 @@ def plan(args) -> list[Step]:
                            "8192-16384", "--per-bucket", str(max(b, 4)), "--batch-sizes", str(b),
                            "--temperatures", str(t), "--new-tokens", "128"]))
     long = [*tasks, "--drafts", f"ours={args.draft}", "--methods", "plain,auto", "--batch-sizes", "1", "--ignore-eos"]
-    steps += [Step("long_output", 480, [*long, *out("long_output"), "--buckets", "1536-2048", "--min-tokens", "0",
-                                        "--per-bucket", "1", "--new-tokens", "16384", "--temperatures", "0.6"]),
-              Step("long_128k", 360, [*long, *out("long_128k"), "--rope-parameters", json.dumps(ROPE_128K),
+    steps += [Step(name, 480, [*long, *out(name), "--buckets", "1536-2048", "--min-tokens", "0", "--per-bucket",
+                               "1", "--new-tokens", "16384", "--temperatures", t])
+              for name, t in (("long_output", "0.6"), ("long_output_t0", "0"))]
+    steps += [Step("long_128k", 360, [*long, *out("long_128k"), "--rope-parameters", json.dumps(ROPE_128K),
                                       "--buckets", "122880-129072", "--per-bucket", "2", "--new-tokens", "256",
                                       "--temperatures", "1,0"])]
     return steps
