@@ -12,11 +12,14 @@ from longspec_jax.sampling import select_tokens, split
 from longspec_jax.target import forward, lm_head_logits
 
 
-def decode_step(params, settings: DecodeSettings, cache: KVCache, last_B: jax.Array, key: jax.Array):
-    """One target forward on each sequence's last token; returns the next token and the cache (not committed)."""
+def decode_step(params, settings: DecodeSettings, cache: KVCache, last_B: jax.Array, key: jax.Array,
+                active_B: jax.Array | None = None):
+    """One target forward on each sequence's last token; returns the next token and the cache (not committed).
+    A row not in ``active_B`` (default: all are) attends to none of its cache: its token is dropped."""
     B = last_B.shape[0]
+    attended_B = None if active_B is None else jnp.where(active_B, cache.lengths, 0)
     hidden, cache = forward(params, settings.config, last_B[:, None], cache.lengths[:, None], cache,
-                            jnp.ones((B, 1, 1), bool), impl=settings.impl)
+                            jnp.ones((B, 1, 1), bool), impl=settings.impl, attended_B=attended_B)
     return select_tokens(lm_head_logits(params, hidden)[:, 0], key, settings.sampling), cache
 
 
@@ -32,8 +35,8 @@ def plain_loop(params, settings: DecodeSettings, stop: StopCriteria, progress: P
     def body(carry):
         progress, cache, last, key = carry
         key, sub = split(key)
-        token, cache = decode_step(params, settings, cache, last, sub)
         active = ~progress.done
+        token, cache = decode_step(params, settings, cache, last, sub, active)
         cache = cache.replace(lengths=cache.lengths + active.astype(jnp.int32))
         new_progress = progress.emit(token[:, None], jnp.ones_like(token), stop)
         if on_tokens is not None:

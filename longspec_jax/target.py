@@ -178,10 +178,14 @@ def forward_tree(params: dict, config: TargetConfig, tokens_BxT: jax.Array, posi
 
 
 def forward(params: dict, config: TargetConfig, tokens_BxT: jax.Array, positions_BxT: jax.Array,
-            cache: KVCache, new_mask_BxTxT: jax.Array, *, impl: str = "auto") -> tuple[jax.Array, KVCache]:
+            cache: KVCache, new_mask_BxTxT: jax.Array, *, impl: str = "auto",
+            attended_B: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
     """:func:`forward_tree`, then the new tokens' K/V written at slots ``cache.lengths[b] + t`` in every layer;
-    the lengths are not advanced (the caller commits). Returns the hidden states and the cache."""
-    hidden_BxTxd, new = forward_tree(params, config, tokens_BxT, positions_BxT, cache, new_mask_BxTxT, impl=impl)
+    the lengths are not advanced (the caller commits). Returns the hidden states and the cache. ``attended_B``:
+    the cache slots each row attends to, default ``cache.lengths`` (0 for a row whose output is dropped: its
+    cache is then not read)."""
+    view = cache if attended_B is None else cache.replace(lengths=attended_B)
+    hidden_BxTxd, new = forward_tree(params, config, tokens_BxT, positions_BxT, view, new_mask_BxTxT, impl=impl)
     write = functools.partial(write_rows, start_B=cache.lengths)
     return hidden_BxTxd, cache.replace(k=tuple(map(write, cache.k, new.k)), v=tuple(map(write, cache.v, new.v)))
 

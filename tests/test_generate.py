@@ -223,3 +223,33 @@ def test_recording_program_memory_gives_each_calls_peak(target, prompts, free_ru
     assert len(peaks) == 2 and all(p > param_bytes for p in peaks)
     assert peaks[1] < peaks[0]  # the cache and buffers of one row fewer
     assert gen._memory_records.get() is None  # off again after the block
+
+
+def test_a_finished_row_attends_to_none_of_its_cache(target, prompts):
+    """A plain step with a finished row: the running row's token and K/V are the full step's; the finished row's
+    V are those of a row attending to itself only (its cache is not read; a lone key's softmax is 1, whatever its
+    position), written at its own length, and its committed slots stay as they were."""
+    from infer.decoding import DecodeSettings
+    from infer.generate import pad_prompts
+    from infer.plain import decode_step
+    from longspec_jax.kv_cache import init_cache
+    from longspec_jax.sampling import SamplingConfig
+    from longspec_jax.target import prefill
+
+    c = target.config
+    settings = DecodeSettings(config=c, sampling=SamplingConfig(), capacity=64, prefill_chunk=16, out_len=8,
+                              prompt_len=16, impl="xla")
+    tokens, lengths = pad_prompts(prompts, 16)
+    cache = init_cache(c.num_layers, 2, 64, c.num_kv_heads, c.head_dim, target.params["embed"].dtype)
+    _, cache = prefill(target.params, c, tokens, lengths, cache, chunk=16, impl="xla")
+    last, key = jnp.asarray([3, 5]), jnp.zeros((2,), jnp.uint32)
+    full_token, full = decode_step(target.params, settings, cache, last, key)
+    token, out = decode_step(target.params, settings, cache, last, key, jnp.asarray([True, False]))
+    _, alone = decode_step(target.params, settings, cache.replace(lengths=cache.lengths.at[1].set(0)), last, key)
+    L0, L1 = (int(n) for n in cache.lengths)
+    assert int(token[0]) == int(full_token[0]) and L1 > 0
+    for layer in range(c.num_layers):
+        np.testing.assert_array_equal(out.k[layer][0], full.k[layer][0])
+        np.testing.assert_allclose(out.v[layer][1, L1], alone.v[layer][1, 0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(out.v[layer][1, :L1], cache.v[layer][1, :L1])
+    assert np.abs(np.asarray(full.v[-1][1, L1] - out.v[-1][1, L1])).max() > 1e-3  # its cache did matter
