@@ -246,7 +246,7 @@ def test_a_finished_row_attends_to_none_of_its_cache(target, prompts):
     full_token, full = decode_step(target.params, settings, cache, last, key)
     token, out = decode_step(target.params, settings, cache, last, key, jnp.asarray([True, False]))
     _, alone = decode_step(target.params, settings, cache.replace(lengths=cache.lengths.at[1].set(0)), last, key)
-    L0, L1 = (int(n) for n in cache.lengths)
+    L1 = int(cache.lengths[1])
     assert int(token[0]) == int(full_token[0]) and L1 > 0
     for layer in range(c.num_layers):
         np.testing.assert_array_equal(out.k[layer][0], full.k[layer][0])
